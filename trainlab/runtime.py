@@ -1,0 +1,94 @@
+"""Device and speed settings resolved once per run: device, precision, channels_last, compile, TF32."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trainlab.config import BaseParams
+from trainlab.repro import configure_determinism
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    precision: str  # fp32 | bf16 | fp16
+    channels_last: bool
+    compile: bool
+    tf32: bool
+    deterministic: bool
+    cudnn_benchmark: bool
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return None if self.precision == "fp32" else DTYPES[self.precision]
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.precision == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def describe(self) -> dict[str, str]:
+        return {f"runtime_{k}": str(v) for k, v in asdict(self).items()}
+
+
+@lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 (AVX-512 BF16 or AMX), where bf16 autocast pays off."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from trainlab.errors import ParamsError
+
+        raise ParamsError("base.device: 'cuda' requested but no CUDA device is available (use 'auto' or 'cpu')")
+    return torch.device(name)
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu":
+        return "bf16" if cpu_supports_bf16() else "fp32"
+    return "fp32"
+
+
+def resolve_runtime(base: BaseParams) -> Runtime:
+    """Resolve the base params into concrete settings and apply the global switches (determinism, TF32)."""
+    device = resolve_device(base.device)
+    flags = configure_determinism(base.deterministic)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = base.tf32
+        torch.backends.cudnn.allow_tf32 = base.tf32
+    return Runtime(
+        device=device,
+        precision=resolve_precision(base.precision, device),
+        channels_last=base.channels_last,
+        compile=base.compile,
+        tf32=base.tf32 and device.type == "cuda",
+        deterministic=flags["deterministic"],
+        cudnn_benchmark=flags["cudnn_benchmark"],
+    )
