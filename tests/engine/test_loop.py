@@ -1,0 +1,174 @@
+"""The engine: the loss falls, seeds reproduce bitwise, stop-and-resume is exact, every switch runs on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from trainlab.config import BaseParams, TrainParams
+from trainlab.engine import Task, TrainingInterrupted, evaluate, fit, scalars
+from trainlab.errors import CheckpointError, TrainingDiverged
+from trainlab.repro import seed_everything
+from trainlab.runtime import resolve_runtime
+
+
+def tiny_data(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Learnable images: the class sets which quadrant is bright."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 4, (n,), generator=g)
+    images = torch.randint(0, 60, (n, 1, 12, 12), generator=g, dtype=torch.uint8)
+    for i, y in enumerate(labels.tolist()):
+        r, c = divmod(y, 2)
+        images[i, 0, r * 6:(r + 1) * 6, c * 6:(c + 1) * 6] += 150
+    return {"images": images, "labels": labels}
+
+
+def make_task(seed: int = 0, dropout: float = 0.1) -> Task:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Dropout(dropout), nn.Linear(16, 4))
+
+    def prepare(batch, train, gen):
+        x = batch["images"].float().div_(255)
+        if train and gen is not None:  # batched on-device augmentation: random shift by up to 1 pixel
+            shift = torch.randint(-1, 2, (2,), generator=gen, device=x.device).tolist()
+            x = torch.roll(x, shifts=shift, dims=(2, 3))
+        return x, batch["labels"]
+
+    return Task(name="tiny", model=model, loss_fn=lambda out, y: F.cross_entropy(out.float(), y),
+                make_metrics=lambda: MetricCollection({"accuracy": MulticlassAccuracy(num_classes=4, average="micro")}),
+                prepare_batch=prepare, primary_metric="accuracy", conv=True)
+
+
+def runtime(**kw):
+    return resolve_runtime(BaseParams(device="cpu", **kw))
+
+
+CFG = TrainParams(epochs=3, batch_size=16, lr=2e-2, warmup_epochs=0.5, weight_decay=0.01)
+
+
+def test_loss_falls_and_metrics_are_reported():
+    task = make_task()
+    result = fit(task, tiny_data(256), tiny_data(64, seed=1), CFG, runtime(precision="fp32"), seed=0)
+    losses = [r["train_loss"] for r in result.history]
+    assert len(result.history) == 3
+    assert losses[-1] < losses[0] * 0.7
+    assert result.history[-1]["val_accuracy"] > 0.5
+    assert result.params_total == result.params_trainable > 0
+    assert result.samples_per_s > 0
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_bitwise_equal(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_same_seed_gives_bitwise_equal_weights(precision):
+    rt = runtime(precision=precision)
+    runs = []
+    for _ in range(2):
+        seed_everything(7)
+        runs.append(weights(fit(make_task(), tiny_data(128), tiny_data(32, 1), CFG, rt, seed=7).model))
+    assert_bitwise_equal(*runs)
+    seed_everything(8)
+    other = weights(fit(make_task(), tiny_data(128), tiny_data(32, 1), CFG, rt, seed=8).model)
+    assert any(not torch.equal(runs[0][k], other[k]) for k in other)
+
+
+@pytest.mark.parametrize("stop_at", [3, 8, 9])  # mid-epoch, at an epoch boundary, right after one
+def test_stop_and_resume_is_bitwise_equal_to_uninterrupted(tmp_path, stop_at):
+    rt = runtime(precision="bf16")
+    cfg = CFG.model_copy(update={"ema_decay": 0.9, "accumulation_steps": 2})
+    train, val = tiny_data(160), tiny_data(32, 1)
+    seed_everything(3)
+    reference = fit(make_task(), train, val, cfg, rt, seed=3)
+    ckpt = tmp_path / "last.pt"
+    seed_everything(3)
+    with pytest.raises(TrainingInterrupted, match="checkpoint saved"):
+        fit(make_task(), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a", stop_at_step=stop_at)
+    assert ckpt.exists()
+    seed_everything(999)  # the resumed run must not depend on the global RNG at start
+    resumed = fit(make_task(seed=5), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a")
+    assert resumed.resumed_from_step == stop_at
+    assert_bitwise_equal(weights(reference.model), weights(resumed.model))
+    assert [r["train_loss"] for r in reference.history] == [r["train_loss"] for r in resumed.history]
+
+
+def test_checkpoint_with_other_fingerprint_is_ignored(tmp_path, capsys):
+    rt = runtime(precision="fp32")
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        fit(make_task(), tiny_data(64), tiny_data(16), CFG, rt, seed=0, checkpoint_path=ckpt, fingerprint="a",
+            stop_at_step=2)
+    result = fit(make_task(), tiny_data(64), tiny_data(16), CFG, rt, seed=0, checkpoint_path=ckpt, fingerprint="b")
+    assert result.resumed_from_step == 0
+    assert "ignoring checkpoint" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_every_precision_and_layout_runs_on_cpu(precision, channels_last):
+    rt = runtime(precision=precision, channels_last=channels_last)
+    cfg = CFG.model_copy(update={"epochs": 1, "grad_clip": None, "label_smoothing": 0.1})
+    result = fit(make_task(), tiny_data(64), tiny_data(16), cfg, rt, seed=0)
+    assert torch.isfinite(torch.tensor(result.history[-1]["train_loss"]))
+
+
+def test_compile_switch_runs_on_cpu():
+    rt = runtime(precision="fp32", compile=True)
+    cfg = CFG.model_copy(update={"epochs": 1})
+    result = fit(make_task(dropout=0.0), tiny_data(32), tiny_data(16), cfg, rt, seed=0)
+    assert result.history[-1]["train_loss"] > 0
+
+
+def test_nan_loss_stops_with_step_named(tmp_path):
+    task = make_task()
+    task.loss_fn = lambda out, y: F.cross_entropy(out.float(), y) * float("nan")
+    with pytest.raises(TrainingDiverged, match=r"NaN/inf at optimizer step 1\b"):
+        fit(task, tiny_data(64), tiny_data(16), CFG, runtime(precision="fp32"), seed=0,
+            checkpoint_path=tmp_path / "c.pt")
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_max_steps_and_sgd_and_constant_schedule():
+    cfg = CFG.model_copy(update={"max_steps": 5, "optimizer": "sgd", "schedule": "constant", "lr": 0.05})
+    result = fit(make_task(), tiny_data(160), tiny_data(16), cfg, runtime(precision="fp32"), seed=0)
+    assert result.history[-1]["step"] == 5
+    assert result.history[-1]["lr"] == pytest.approx(0.05)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    ckpt = tmp_path / "last.pt"
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a valid checkpoint"):
+        fit(make_task(), tiny_data(32), tiny_data(16), CFG, runtime(precision="fp32"), seed=0, checkpoint_path=ckpt)
+
+
+def test_evaluate_runs_without_grad_and_counts_all_samples():
+    task = make_task()
+    metrics = scalars(evaluate(task, task.model, tiny_data(50), runtime(precision="fp32"), batch_size=16))
+    assert set(metrics) == {"loss", "accuracy"}
+    assert 0 <= metrics["accuracy"] <= 1
+
+
+def test_dataloader_path_matches_device_path():
+    """Data over the device budget goes through a DataLoader with the same order: same weights."""
+    rt = runtime(precision="fp32")
+    cfg = CFG.model_copy(update={"epochs": 1})
+    seed_everything(1)
+    a = weights(fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16), cfg, rt, seed=1).model)
+    seed_everything(1)
+    b = weights(fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16), cfg, rt, seed=1, max_device_mb=0,
+                    num_workers=0).model)
+    assert_bitwise_equal(a, b)

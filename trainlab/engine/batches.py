@@ -1,0 +1,117 @@
+"""Batches for the engine: device-resident tensors drawn by seeded permutation, or a seeded DataLoader."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from trainlab.repro import generator
+
+Batch = dict[str, torch.Tensor]
+
+
+def tensors_nbytes(tensors: Batch) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def num_samples(tensors: Batch) -> int:
+    return len(next(iter(tensors.values())))
+
+
+class DeviceBatches:
+    """All tensors live on the device; each epoch draws a permutation from (seed, epoch), so any epoch and any step
+    within it can be reproduced without replaying earlier ones (that is what makes mid-epoch resume exact)."""
+
+    def __init__(self, tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool,
+                 drop_last: bool, rank: int = 0, world_size: int = 1):
+        self.tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
+        self.n = num_samples(tensors)
+        self.batch_size, self.device, self.seed = batch_size, device, seed
+        self.shuffle, self.rank, self.world_size = shuffle, rank, world_size
+        per_rank = self.n // world_size if world_size > 1 else self.n
+        self.drop_last = drop_last and per_rank >= batch_size
+        self.per_rank = per_rank
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.per_rank // self.batch_size
+        return -(-self.per_rank // self.batch_size)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        if self.shuffle:
+            idx = torch.randperm(self.n, generator=generator(self.seed, "shuffle", epoch))
+        else:
+            idx = torch.arange(self.n)
+        if self.world_size > 1:
+            # Every rank sees the same permutation and takes its own interleaved slice of it.
+            idx = idx[: self.per_rank * self.world_size][self.rank :: self.world_size]
+        return idx.to(self.device)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        idx = self.order(epoch)
+        for step in range(start_step, len(self)):
+            sel = idx[step * self.batch_size : (step + 1) * self.batch_size]
+            yield {k: v[sel] for k, v in self.tensors.items()}
+
+
+class _DictDataset(Dataset):
+    def __init__(self, tensors: Batch):
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return num_samples(self.tensors)
+
+    def __getitem__(self, i: int) -> Batch:
+        return {k: v[i] for k, v in self.tensors.items()}
+
+
+def _seed_worker(worker_id: int) -> None:
+    import random
+
+    import numpy as np
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+class LoaderBatches:
+    """Data too large for the device: a DataLoader with workers, pinned memory and seeded shuffling per epoch."""
+
+    def __init__(self, tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool,
+                 drop_last: bool, num_workers: int = 2, rank: int = 0, world_size: int = 1):
+        self.dataset = _DictDataset(tensors)
+        self.n = len(self.dataset)
+        self.batch_size, self.device, self.seed, self.shuffle = batch_size, device, seed, shuffle
+        self.drop_last = drop_last and self.n // world_size >= batch_size
+        self.num_workers, self.rank, self.world_size = num_workers, rank, world_size
+
+    def __len__(self) -> int:
+        per_rank = self.n // self.world_size
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        if self.shuffle:
+            idx = torch.randperm(self.n, generator=generator(self.seed, "shuffle", epoch))
+        else:
+            idx = torch.arange(self.n)
+        idx = idx[: (self.n // self.world_size) * self.world_size][self.rank :: self.world_size]
+        idx = idx[start_step * self.batch_size :]
+        loader = DataLoader(
+            torch.utils.data.Subset(self.dataset, idx.tolist()), batch_size=self.batch_size, shuffle=False,
+            drop_last=self.drop_last, num_workers=self.num_workers, pin_memory=self.device.type == "cuda",
+            worker_init_fn=_seed_worker, generator=generator(self.seed, "workers", epoch),
+            persistent_workers=False,
+        )
+        for batch in loader:
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+
+def make_batches(tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool, drop_last: bool,
+                 max_device_mb: int, num_workers: int = 2, rank: int = 0, world_size: int = 1):
+    """Device-resident batches when the data fits in `max_device_mb`, else a DataLoader."""
+    if tensors_nbytes(tensors) <= max_device_mb * 2**20:
+        return DeviceBatches(tensors, batch_size, device, seed, shuffle, drop_last, rank, world_size)
+    return LoaderBatches(tensors, batch_size, device, seed, shuffle, drop_last, num_workers, rank, world_size)

@@ -1,0 +1,259 @@
+"""The training loop shared by every task: fit (train, validate, checkpoint, resume) and evaluate."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from trainlab.config import TrainParams
+from trainlab.engine.batches import Batch, make_batches
+from trainlab.engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainlab.engine.optim import build_optimizer, build_scheduler, param_groups
+from trainlab.engine.progress import Progress
+from trainlab.engine.task import Task
+from trainlab.errors import TrainingDiverged, UserError
+from trainlab.repro import generator
+from trainlab.runtime import Runtime
+
+
+class MetricsSink(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+
+class TrainingInterrupted(UserError):
+    """Stopped by a signal (or on request) after writing a checkpoint to resume from."""
+
+    exit_code = 130
+
+
+@dataclass
+class FitResult:
+    model: nn.Module  # the weights to keep (the EMA copy when EMA is on)
+    history: list[dict[str, float]] = field(default_factory=list)
+    final: dict[str, float] = field(default_factory=dict)
+    params_total: int = 0
+    params_trainable: int = 0
+    train_time_s: float = 0.0
+    samples_per_s: float = 0.0
+    resumed_from_step: int = 0
+
+
+def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The scalar entries of a metrics dict as floats (one sync for all of them)."""
+    keys = [k for k, v in metrics.items() if not torch.is_tensor(v) or v.numel() == 1]
+    values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()).cpu() for k in keys]) \
+        if keys else torch.empty(0)
+    return {k: float(v) for k, v in zip(keys, values.tolist())}
+
+
+def to_device_layout(x: torch.Tensor, task: Task, runtime: Runtime) -> torch.Tensor:
+    if task.conv and runtime.channels_last and x.ndim == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+@torch.inference_mode()
+def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_size: int = 256,
+             max_device_mb: int = 2048) -> dict[str, torch.Tensor]:
+    """Loss and the task's metrics over `data` (no gradients, eval mode, same precision as training)."""
+    model.eval()
+    batches = make_batches(data, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
+                           max_device_mb=max_device_mb)
+    metrics = task.make_metrics().to(runtime.device)
+    loss_sum = torch.zeros((), device=runtime.device)
+    count = 0
+    for batch in batches.epoch(0):
+        x, y = task.prepare_batch(batch, False, None)
+        x = to_device_layout(x, task, runtime)
+        with runtime.autocast():
+            out = model(x)
+            loss = task.loss_fn(out, y)
+        n = y.shape[0]
+        loss_sum += loss.float() * n
+        count += n
+        metrics.update(task.predict(out.float()), y)
+    return {"loss": loss_sum / max(count, 1), **metrics.compute()}
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGINT/SIGTERM set a flag that the loop checks after each optimizer step (main thread only)."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int, *,
+        tracker: MetricsSink | None = None, checkpoint_path: str | Path | None = None, fingerprint: str = "",
+        max_device_mb: int = 2048, num_workers: int = 2, stop_at_step: int | None = None,
+        eval_batch_size: int = 256) -> FitResult:
+    """Train `task.model` on `train`, validating on `val` after each epoch.
+
+    With `checkpoint_path`, the full state is saved at each epoch end (and every `cfg.checkpoint_every_steps`
+    optimizer steps), and a checkpoint with the same `fingerprint` found there is resumed from.
+    `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume).
+    """
+    device = runtime.device
+    model = task.model.to(device)
+    if task.conv and runtime.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    forward = torch.compile(model) if runtime.compile else model
+
+    train_batches = make_batches(train, cfg.batch_size, device, seed, shuffle=True, drop_last=True,
+                                 max_device_mb=max_device_mb, num_workers=num_workers)
+    accum = cfg.accumulation_steps
+    updates_per_epoch = max(1, len(train_batches) // accum)
+    steps_per_epoch = updates_per_epoch * accum
+    total_updates = cfg.epochs * updates_per_epoch
+    if cfg.max_steps:
+        total_updates = min(total_updates, cfg.max_steps)
+    warmup = round(cfg.warmup_epochs * updates_per_epoch)
+
+    optimizer = build_optimizer(param_groups(model, cfg.weight_decay, cfg.lr, task.head, task.head_lr), cfg, device)
+    scheduler = build_scheduler(optimizer, total_updates, min(warmup, total_updates), cfg.schedule)
+    scaler = torch.amp.GradScaler(device.type, enabled=runtime.needs_grad_scaler)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True) \
+        if cfg.ema_decay else None
+    total_params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    epoch, step_in_epoch, update, history = 0, 0, 0, []
+    loss_sum = torch.zeros((), device=device)
+    seen = torch.zeros((), device=device, dtype=torch.long)
+    first_bad = torch.full((), -1, device=device, dtype=torch.long)
+    train_time = 0.0
+    ckpt = Path(checkpoint_path) if checkpoint_path else None
+    resumed_from = 0
+    if ckpt is not None and ckpt.exists():
+        state = load_checkpoint(ckpt, map_location=device)
+        if state.get("fingerprint") == fingerprint:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            if ema is not None and state.get("ema") is not None:
+                ema.load_state_dict(state["ema"])
+            epoch, step_in_epoch, update = state["epoch"], state["step_in_epoch"], state["update"]
+            history, train_time = list(state["history"]), state["train_time"]
+            loss_sum, seen = state["loss_sum"].to(device), state["seen"].to(device)
+            set_rng_state(state["rng"])
+            resumed_from = update
+            print(f"{task.name}: resuming from {ckpt} at epoch {epoch + 1}, optimizer step {update}", flush=True)
+        else:
+            print(f"{task.name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
+
+    def checkpoint(elapsed: float) -> None:
+        if ckpt is None:
+            return
+        _raise_if_diverged(first_bad, task.name, ckpt)
+        save_checkpoint(ckpt, {
+            "fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "ema": ema.state_dict() if ema is not None else None, "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "update": update, "history": history, "train_time": elapsed,
+            "loss_sum": loss_sum, "seen": seen, "rng": rng_state(),
+        })
+
+    progress = Progress(total_updates, desc=f"train {task.name}", initial=update)
+    try:
+        with _stop_on_signals() as stop_flag:
+            while epoch < cfg.epochs and update < total_updates:
+                model.train()
+                t0 = time.perf_counter()
+                samples_at_start = int(seen) if step_in_epoch else 0
+                first_step = step_in_epoch
+                if step_in_epoch == 0:
+                    loss_sum.zero_()
+                    seen.zero_()
+                for step, batch in enumerate(train_batches.epoch(epoch, step_in_epoch), start=step_in_epoch):
+                    if step >= steps_per_epoch:
+                        break
+                    aug = generator(seed, "augment", epoch, step, device=device) if cfg.augment else None
+                    x, y = task.prepare_batch(batch, True, aug)
+                    x = to_device_layout(x, task, runtime)
+                    with runtime.autocast():
+                        loss = task.loss_fn(forward(x), y)
+                    scaler.scale(loss / accum).backward()
+                    loss = loss.detach().float()
+                    first_bad = torch.where(~torch.isfinite(loss) & (first_bad < 0),
+                                            torch.tensor(update, device=device), first_bad)
+                    loss_sum += loss * y.shape[0]
+                    seen += y.shape[0]
+                    step_in_epoch = step + 1
+                    if step_in_epoch % accum:
+                        continue
+                    if cfg.grad_clip:
+                        scaler.unscale_(optimizer)
+                        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                    scheduler.step()
+                    if ema is not None:
+                        ema.update_parameters(model)
+                    update += 1
+                    since = time.perf_counter() - t0
+                    progress.step(update, (step_in_epoch - first_step) * cfg.batch_size / max(since, 1e-9),
+                                  lambda: float(loss_sum / seen.clamp(min=1)))
+                    if update >= total_updates:
+                        break
+                    if stop_flag.is_set() or update == stop_at_step:
+                        checkpoint(train_time + since)
+                        raise TrainingInterrupted(
+                            f"{task.name}: stopped at optimizer step {update}; checkpoint saved to {ckpt}. "
+                            "Run the same command (or `dvc repro`) again to resume.")
+                    if cfg.checkpoint_every_steps and update % cfg.checkpoint_every_steps == 0:
+                        checkpoint(train_time + since)
+                _raise_if_diverged(first_bad, task.name, ckpt)
+                epoch_time = time.perf_counter() - t0
+                train_time += epoch_time
+                train_loss = float(loss_sum / seen.clamp(min=1))
+                epoch_samples = int(seen) - samples_at_start
+                eval_model = ema.module if ema is not None else model
+                val_metrics = scalars(evaluate(task, eval_model, val, runtime, eval_batch_size, max_device_mb))
+                row = {"epoch": epoch + 1, "step": update, "train_loss": train_loss,
+                       "lr": optimizer.param_groups[0]["lr"], "samples_per_s": epoch_samples / max(epoch_time, 1e-9),
+                       **{f"val_{k}": v for k, v in val_metrics.items()}}
+                history.append(row)
+                progress.write(f"{task.name} epoch {epoch + 1}/{cfg.epochs}: train_loss {train_loss:.4f} "
+                               f"val_loss {val_metrics['loss']:.4f} val_{task.primary_metric} "
+                               f"{val_metrics.get(task.primary_metric, float('nan')):.4f} {row['samples_per_s']:,.0f} samples/s")
+                if tracker is not None:
+                    tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=epoch + 1)
+                epoch, step_in_epoch = epoch + 1, 0
+                checkpoint(train_time)
+    finally:
+        progress.close()
+
+    final_model = ema.module if ema is not None else model
+    samples = update * accum * cfg.batch_size
+    return FitResult(model=final_model, history=history, final=history[-1] if history else {},
+                     params_total=total_params, params_trainable=trainable, train_time_s=train_time,
+                     samples_per_s=samples / max(train_time, 1e-9), resumed_from_step=resumed_from)
+
+
+def _raise_if_diverged(first_bad: torch.Tensor, name: str, ckpt: Path | None) -> None:
+    bad = int(first_bad)
+    if bad >= 0:
+        where = f"the last good checkpoint is {ckpt}" if ckpt is not None and ckpt.exists() else \
+            "no good checkpoint was written"
+        raise TrainingDiverged(f"{name}: loss became NaN/inf at optimizer step {bad + 1}; {where}. "
+                               "Lower the learning rate, enable grad_clip, or check the data.")
