@@ -1,0 +1,94 @@
+"""Runtime resolution, determinism switches, environment capture and atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from trainlab.atomic import atomic_dir, atomic_path, write_json
+from trainlab.config import BaseParams
+from trainlab.repro import derived_seed, environment, generator, seed_everything
+from trainlab.runtime import cpu_supports_bf16, resolve_runtime
+from trainlab.tasks import random_shift
+
+
+def test_cpu_runtime_resolves_precision_from_the_cpu():
+    rt = resolve_runtime(BaseParams(device="auto"))
+    if not torch.cuda.is_available():
+        assert rt.device.type == "cpu"
+        assert rt.precision == ("bf16" if cpu_supports_bf16() else "fp32")
+    assert resolve_runtime(BaseParams(device="cpu", precision="fp32")).amp_dtype is None
+    assert resolve_runtime(BaseParams(device="cpu", precision="fp16")).needs_grad_scaler
+
+
+def test_determinism_flag_is_applied_and_reported():
+    rt = resolve_runtime(BaseParams(device="cpu", deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled() and not rt.cudnn_benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    rt = resolve_runtime(BaseParams(device="cpu", deterministic=False))
+    assert not torch.are_deterministic_algorithms_enabled() and rt.cudnn_benchmark
+    assert rt.describe()["runtime_deterministic"] == "False"
+    resolve_runtime(BaseParams(device="cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_requested_without_cuda_is_a_params_error():
+    from trainlab.errors import ParamsError
+
+    with pytest.raises(ParamsError, match="base.device"):
+        resolve_runtime(BaseParams(device="cuda"))
+
+
+def test_seeds_and_generators_are_reproducible():
+    seed_everything(1)
+    a = torch.rand(3)
+    seed_everything(1)
+    assert torch.equal(a, torch.rand(3))
+    assert derived_seed(1, "x", 2) == derived_seed(1, "x", 2) != derived_seed(1, "x", 3)
+    assert torch.equal(torch.rand(4, generator=generator(5, "a")), torch.rand(4, generator=generator(5, "a")))
+
+
+def test_environment_names_versions_device_and_git():
+    env = environment(torch.device("cpu"))
+    assert env["pkg_torch"].startswith("2.14.1")
+    assert {"git_commit", "git_dirty", "device", "device_name", "python"} <= set(env)
+
+
+def test_atomic_path_leaves_old_file_on_failure(tmp_path):
+    target = tmp_path / "out.json"
+    write_json(target, {"a": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed")
+    assert target.read_text().strip().startswith("{") and '"a": 1' in target.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_atomic_dir_replaces_whole_or_nothing(tmp_path):
+    target = tmp_path / "prepared"
+    with atomic_dir(target) as d:
+        (d / "a.txt").write_text("1")
+    with pytest.raises(ValueError):
+        with atomic_dir(target) as d:
+            (d / "b.txt").write_text("2")
+            raise ValueError
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt"]
+    with atomic_dir(target) as d:
+        (d / "c.txt").write_text("3")
+    assert sorted(p.name for p in target.iterdir()) == ["c.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
+
+
+def test_random_shift_moves_image_and_mask_together():
+    img = torch.zeros(8, 1, 10, 10, dtype=torch.uint8)
+    img[:, :, 4:6, 4:6] = 200
+    mask = (img[:, 0] > 0).to(torch.uint8) * 3
+    g = torch.Generator().manual_seed(0)
+    s_img, s_mask = random_shift([img, mask], 2, g)
+    assert s_img.shape == img.shape and s_mask.shape == mask.shape
+    assert torch.equal((s_img[:, 0] > 0), (s_mask > 0))
+    assert (s_img > 0).sum() == (img > 0).sum()  # a 2px shift keeps the centre square inside
+    assert not torch.equal(s_img, img)
