@@ -1,0 +1,201 @@
+"""Image classifiers: a compact residual CNN for small images, and torchvision backbones with a fresh `head`."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torchvision.models as tvm
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trainlab.config import ClassifierParams
+from trainlab.errors import CheckpointError
+from trainlab.models.init import init_weights
+
+TORCHVISION_ARCHS = {
+    "resnet18": tvm.resnet18,
+    "mobilenet_v3_small": tvm.mobilenet_v3_small,
+    "efficientnet_b0": tvm.efficientnet_b0,
+}
+
+
+def checkpoint_block(block: nn.Module, *args, enabled: bool):
+    """`block(*args)`, with activations recomputed in backward when enabled and training (BatchNorm stats move once)."""
+    if not (enabled and block.training and torch.is_grad_enabled()):
+        return block(*args)
+    return checkpoint(
+        block, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), _restore_buffers(block))
+    )
+
+
+@contextlib.contextmanager
+def _restore_buffers(module: nn.Module):
+    """Undo buffer updates (BatchNorm running stats) made while a checkpointed block is recomputed."""
+    saved = [buf.clone() for buf in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, old in zip(module.buffers(), saved):
+                buf.copy_(old)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers plus a shortcut (a strided 1x1 conv-BN when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNetSmall(nn.Module):
+    """A compact ResNet for 28x28-and-up images: 3x3 stem, stages of width w, 2w, 4w, global pool, linear head."""
+
+    def __init__(self, num_classes: int, in_channels: int, width: int = 32, checkpointing: bool = False):
+        super().__init__()
+        self.checkpointing = checkpointing
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.blocks = nn.ModuleList(
+            [BasicBlock(width, width), BasicBlock(width, 2 * width, 2), BasicBlock(2 * width, 4 * width, 2)]
+        )
+        self.head = nn.Linear(4 * width, num_classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint_block(block, x, enabled=self.checkpointing)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class TorchvisionClassifier(nn.Module):
+    """A torchvision network whose last linear layer is an Identity, followed by a fresh linear `head`."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear, checkpointing: bool = False):
+        super().__init__()
+        self.backbone, self.head, self.checkpointing = backbone, head, checkpointing
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+    def features(self, x):
+        net = self.backbone
+        if not (self.checkpointing and self.training and torch.is_grad_enabled()):
+            return net(x)
+        if isinstance(net, tvm.ResNet):  # the torchvision forwards, with each residual block checkpointed
+            x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+            blocks, last = [*net.layer1, *net.layer2, *net.layer3, *net.layer4], net.fc
+        else:
+            blocks, last = net.features, net.classifier
+        for block in blocks:
+            x = checkpoint_block(block, x, enabled=True)
+        return last(torch.flatten(net.avgpool(x), 1))
+
+
+def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) -> nn.Module:
+    """The classifier `p.arch` for `in_channels`-channel images and `num_classes` classes, with a `head` attribute."""
+    if p.arch == "resnet_small":
+        model = init_weights(ResNetSmall(num_classes, in_channels, p.width, p.activation_checkpointing), p.init)
+        if p.pretrained:
+            load_weights(model, p.pretrained, fresh_prefix="head.")
+    else:
+        model = _build_torchvision(p, num_classes, in_channels)
+    if p.freeze_backbone:
+        for param in backbone_parameters(model):
+            param.requires_grad_(False)
+    model.config = {
+        "task": "classifier", "arch": p.arch, "width": p.width, "num_classes": num_classes, "in_channels": in_channels
+    }
+    return model
+
+
+def _build_torchvision(p: ClassifierParams, num_classes: int, in_channels: int) -> TorchvisionClassifier:
+    net = init_weights(TORCHVISION_ARCHS[p.arch](weights=None), p.init)
+    if p.pretrained:
+        load_weights(net, p.pretrained)
+    if in_channels != 3:
+        name, conv = next((n, m) for n, m in net.named_modules() if isinstance(m, nn.Conv2d))
+        net.set_submodule(name, _adapt_conv(conv, in_channels, p.init, keep_weights=bool(p.pretrained)))
+    name, last = [(n, m) for n, m in net.named_modules() if isinstance(m, nn.Linear)][-1]
+    net.set_submodule(name, nn.Identity())
+    head = init_weights(nn.Linear(last.in_features, num_classes), p.init)
+    return TorchvisionClassifier(net, head, p.activation_checkpointing)
+
+
+def _adapt_conv(conv: nn.Conv2d, in_channels: int, init: str, keep_weights: bool) -> nn.Conv2d:
+    """A copy of the first conv for `in_channels` inputs; pretrained RGB filters are summed (and spread evenly)."""
+    new = nn.Conv2d(
+        in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=conv.bias is not None
+    )
+    if not keep_weights:
+        return init_weights(new, init)
+    with torch.no_grad():
+        new.weight.copy_(conv.weight.sum(1, keepdim=True).repeat(1, in_channels, 1, 1) / in_channels)
+        if conv.bias is not None:
+            new.bias.copy_(conv.bias)
+    return new
+
+
+def load_weights(module: nn.Module, path: str | Path, fresh_prefix: str | None = None) -> None:
+    """Load a local state_dict file (torch or .safetensors) into `module`, strictly.
+
+    Keys under `fresh_prefix` (a head to be fine-tuned) may be absent or of another shape: they keep their init.
+    A missing or unreadable file, or mismatched keys or shapes, raise CheckpointError naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: pretrained weights file not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(path, device="cpu")
+        else:
+            state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's checkpoint problem
+        raise CheckpointError(f"{path}: cannot read a state_dict ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
+    own = module.state_dict()
+    if fresh_prefix:
+        fresh = [k for k in own if k.startswith(fresh_prefix)]
+        if any(k not in state or state[k].shape != own[k].shape for k in fresh):
+            state = {k: v for k, v in state.items() if not k.startswith(fresh_prefix)}
+            own = {k: v for k, v in own.items() if not k.startswith(fresh_prefix)}
+    problems = {
+        "missing keys": [k for k in own if k not in state],
+        "unexpected keys": [k for k in state if k not in own],
+        "shape mismatches": [
+            f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
+            for k, v in state.items()
+            if k in own and v.shape != own[k].shape
+        ],
+    }
+    found = [f"{what} ({len(keys)}): " + ", ".join(keys[:5]) + ", ..." * (len(keys) > 5)
+             for what, keys in problems.items() if keys]
+    if found:
+        raise CheckpointError(f"{path}: does not match {type(module).__name__}; " + "; ".join(found))
+    module.load_state_dict(state, strict=False)
+
+
+def head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of `model.head` (the engine may give them their own learning rate)."""
+    return list(model.head.parameters())
+
+
+def backbone_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Every parameter of `model` that is not in `model.head`."""
+    head = {id(p) for p in model.head.parameters()}
+    return [p for p in model.parameters() if id(p) not in head]

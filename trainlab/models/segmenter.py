@@ -1,0 +1,71 @@
+"""U-Net segmenter: conv encoder, transposed-conv decoder with skip connections, per-pixel class logits."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab.config import SegmenterParams
+from trainlab.models.classifier import checkpoint_block
+from trainlab.models.init import init_weights
+
+
+def conv_bn_relu(cin: int, cout: int, depthwise: bool) -> list[nn.Module]:
+    """A 3x3 conv (or depthwise 3x3 + pointwise 1x1), BatchNorm and ReLU."""
+    if depthwise:
+        convs = [nn.Conv2d(cin, cin, 3, padding=1, groups=cin, bias=False), nn.Conv2d(cin, cout, 1, bias=False)]
+    else:
+        convs = [nn.Conv2d(cin, cout, 3, padding=1, bias=False)]
+    return [*convs, nn.BatchNorm2d(cout), nn.ReLU()]
+
+
+class DoubleConv(nn.Sequential):
+    """Two conv-BN-ReLU layers, the U-Net building block."""
+
+    def __init__(self, cin: int, cout: int, depthwise: bool = False):
+        super().__init__(*conv_bn_relu(cin, cout, depthwise), *conv_bn_relu(cout, cout, depthwise))
+
+
+class UNet(nn.Module):
+    """U-Net with `depth` 2x downsamplings; widths base, 2*base, ..., base * 2**depth at the bottleneck."""
+
+    def __init__(self, num_classes: int, in_channels: int, base_channels: int = 16, depth: int = 3,
+                 depthwise_separable: bool = False, checkpointing: bool = False):
+        super().__init__()
+        self.depth, self.checkpointing = depth, checkpointing
+        widths = [base_channels * 2**i for i in range(depth + 1)]
+        dw = depthwise_separable
+        self.encoder = nn.ModuleList(
+            [DoubleConv(in_channels, widths[0], dw)] + [DoubleConv(widths[i], widths[i + 1], dw) for i in range(depth)]
+        )
+        self.pool = nn.MaxPool2d(2)
+        levels = range(depth - 1, -1, -1)
+        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in levels)
+        self.decoder = nn.ModuleList(DoubleConv(2 * widths[i], widths[i], dw) for i in levels)
+        self.head = nn.Conv2d(widths[0], num_classes, 1)
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        multiple = 2**self.depth
+        if h % multiple or w % multiple:  # pad to a multiple of 2**depth, crop the logits back
+            x = F.pad(x, (0, -w % multiple, 0, -h % multiple))
+        skips = []
+        for i, block in enumerate(self.encoder):
+            x = checkpoint_block(block, x if i == 0 else self.pool(x), enabled=self.checkpointing)
+            skips.append(x)
+        skips.pop()  # the bottleneck output is x itself
+        for up, block in zip(self.up, self.decoder):
+            x = checkpoint_block(block, torch.cat([skips.pop(), up(x)], 1), enabled=self.checkpointing)
+        return self.head(x)[..., :h, :w]
+
+
+def build_segmenter(p: SegmenterParams, num_classes: int, in_channels: int) -> nn.Module:
+    """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images."""
+    model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing)
+    init_weights(model, p.init)
+    model.config = {
+        "task": "segmenter", "arch": "unet", "base_channels": p.base_channels, "depth": p.depth,
+        "depthwise_separable": p.depthwise_separable, "num_classes": num_classes, "in_channels": in_channels,
+    }
+    return model
