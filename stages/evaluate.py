@@ -1,0 +1,31 @@
+"""DVC stage evaluate: score the three trained models on their test splits; metrics, confusion data and pictures."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainlab.cli import run_cli
+from trainlab.config import DEFAULT_PARAMS, load_params
+from trainlab.evaluation import describe, run_evaluation
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m stages.evaluate", description=__doc__)
+    parser.add_argument("data_dir", type=Path, help="prepared data (classification/, segmentation/, text/)")
+    parser.add_argument("models_dir", type=Path, help="trained models (classifier/, segmenter/, text/)")
+    parser.add_argument("out_dir", type=Path, help="reports folder, replaced whole on success")
+    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
+    metrics = run_evaluation(load_params(args.params), args.data_dir, args.models_dir, args.out_dir)
+    print(describe(metrics))
+    print(f"evaluate: wrote {args.out_dir}")
+    return metrics
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,50 @@
+"""The word-level tokenizer: normalisation, vocabulary from train texts, [CLS] first, padding, JSON round trip."""
+
+import pytest
+import torch
+
+from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer, split_tokens
+from trainlab.errors import DataError
+
+
+def test_normalises_urls_mentions_and_hashtags():
+    tokens = split_tokens("RT @Bob: I don't LOVE it! #Great http://t.co/x1")
+    assert tokens == ["rt", "<user>", ":", "i", "don't", "love", "it", "!", "<hashtag>", "great", "<url>"]
+
+
+def test_vocabulary_starts_with_specials_then_frequency_then_alphabet():
+    tok = Tokenizer.fit(["b a", "a c", "b a d"], vocab_size=16, min_frequency=1, max_length=8)
+    assert tok.vocab == ["[PAD]", "[UNK]", "[CLS]", "a", "b", "c", "d"]
+
+
+def test_min_frequency_and_vocab_size_limit_the_vocabulary():
+    texts = ["a a a b b c", "d"]
+    assert Tokenizer.fit(texts, vocab_size=16, min_frequency=2, max_length=4).vocab[3:] == ["a", "b"]
+    assert Tokenizer.fit(texts, vocab_size=4, min_frequency=1, max_length=4).vocab[3:] == ["a"]
+
+
+def test_encode_puts_cls_first_pads_and_truncates():
+    tok = Tokenizer.fit(["one two three"], vocab_size=16, min_frequency=1, max_length=4)
+    ids, lengths = tok.encode_with_lengths(["one", "one two three four", "unseen"])
+    assert ids.dtype == torch.int64 and ids.shape == (3, 4)
+    assert ids[:, 0].tolist() == [CLS_ID] * 3
+    assert ids[0, 2:].tolist() == [PAD_ID, PAD_ID]
+    assert ids[1].tolist() == [CLS_ID, tok.ids["one"], tok.ids["two"], tok.ids["three"]]
+    assert ids[2, 1].item() == UNK_ID
+    assert lengths.tolist() == [2, 5, 2]
+
+
+def test_save_and_load_round_trip(tmp_path):
+    tok = Tokenizer.fit(["hello world", "hello there"], vocab_size=16, min_frequency=1, max_length=6)
+    tok.save(tmp_path / "tok.json")
+    loaded = Tokenizer.load(tmp_path / "tok.json")
+    assert loaded.vocab == tok.vocab and loaded.max_length == 6
+    assert torch.equal(loaded.encode(["hello you"]), tok.encode(["hello you"]))
+
+
+def test_loading_a_missing_or_foreign_file_names_it(tmp_path):
+    with pytest.raises(DataError, match="nope.json: tokenizer not found"):
+        Tokenizer.load(tmp_path / "nope.json")
+    (tmp_path / "other.json").write_text('{"vocab": []}')
+    with pytest.raises(DataError, match="other.json: not a"):
+        Tokenizer.load(tmp_path / "other.json")

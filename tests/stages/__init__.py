@@ -1,0 +1,1 @@
+"""Tests of the DVC stage modules."""

@@ -1,0 +1,351 @@
+"""Tests for the MLflow tracking adapter against a real MLflow with a throwaway SQLite store in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from trainlab.config import load_params
+from trainlab.errors import TrackingUnavailable
+from trainlab.tracking import (
+    NullTracker,
+    _retry,
+    data_hash,
+    flatten_params,
+    resolve_tracking_uri,
+    start_run,
+)
+
+mlflow = pytest.importorskip("mlflow")
+
+REPO = Path(__file__).resolve().parent.parent
+PARAMS_FILE = REPO / "params.yaml"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A clean cwd with no tracking env: mlflow.db and mlartifacts land in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("TRAINLAB_PARENT_RUN_ID", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory) -> Path:
+    """An empty, fully migrated MLflow DB made once: creating one runs ~6 s of alembic migrations (fsync-bound)."""
+    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def store(workdir, migrated_db) -> Path:
+    """workdir with a copy of the migrated empty DB as ./mlflow.db (the default location)."""
+    shutil.copyfile(migrated_db, workdir / "mlflow.db")
+    return workdir
+
+
+@pytest.fixture
+def params(workdir):
+    p = load_params(PARAMS_FILE)
+    p.base.device = "cpu"
+    return p
+
+
+def client_for(workdir: Path) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Doubler(torch.nn.Module):
+    """Data-dependent control flow: torch.export cannot trace it, so log_model must fall back to pickle."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_flatten_params_dotted_string_values(params):
+    flat = flatten_params(params)
+    assert flat["classifier.lr"] == str(params.classifier.lr)
+    assert flat["data.segmentation.canvas_size"] == "64"
+    assert flat["classifier.pretrained"] == "None"
+    assert all(isinstance(v, str) for v in flat.values())
+    assert flatten_params({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": True}) == {"a.b.c": "1", "a.d": "[1, 2]",
+                                                                           "e": "True"}
+
+
+def test_resolve_tracking_uri_order(params, workdir, monkeypatch):
+    assert resolve_tracking_uri(params) == f"sqlite:///{workdir.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example.invalid:5000")
+    assert resolve_tracking_uri(params) == "http://example.invalid:5000"
+    params.tracking.uri = "sqlite:///sub/runs.db"  # relative: made absolute against the cwd
+    assert resolve_tracking_uri(params) == f"sqlite:///{workdir.resolve()}/sub/runs.db"
+
+
+def test_run_records_params_metrics_artifacts_tags_and_model(params, store, capfd):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir = store / "report"
+    report_dir.mkdir()
+    (report_dir / "a.txt").write_text("a")
+    (store / "notes.md").write_text("# notes")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    many = {f"k{i}": i for i in range(650)}  # more than MLflow's 100 params per batch
+
+    with start_run(params, stage="train_classifier", tags={"purpose": "test"}) as tracker:
+        tracker.log_params(params)
+        tracker.log_params({"extra": many})
+        for step in range(3):
+            tracker.log_metrics({"train/loss": 1.0 / (step + 1), "val/acc": torch.tensor(0.5 + step / 10)}, step=step)
+        with pytest.warns(RuntimeWarning, match="non-finite"):
+            tracker.log_metrics({"bad": float("nan"), "good": 1.0}, step=3)
+        tracker.log_artifact(store / "notes.md")
+        tracker.log_artifact(report_dir, artifact_path="reports")
+        tracker.log_dict({"a": 1}, "summary.json")
+        tracker.log_figure(fig, "plots/curve.png")
+        tracker.log_text("hello", "hello.txt")
+        tracker.set_tags({"phase": "done"})
+        model = torch.nn.Linear(4, 2)
+        model.train()
+        version = tracker.log_model(model, "classifier", torch.randn(8, 4), registered_model_name="tiny")
+        assert model.training, "log_model must restore the caller's train/eval mode"
+        run_id = tracker.run_id
+    plt.close(fig)
+
+    client = client_for(store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["classifier.lr"] == str(params.classifier.lr)
+    assert run.data.params["extra.k649"] == "649"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [0, 1, 2]
+    assert "bad" not in run.data.metrics and run.data.metrics["good"] == 1.0
+    tags = run.data.tags
+    assert tags["stage"] == "train_classifier"
+    assert tags["params_hash"] == params.section_hash()
+    assert tags["git_commit"] and tags["git_dirty"] in ("true", "false", "unknown")
+    assert tags["data_hash"] == "none"  # no dvc.lock in this cwd
+    assert tags["device"] == "cpu" and tags["torch_version"] == torch.__version__
+    assert tags["purpose"] == "test" and tags["phase"] == "done"
+
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert {"environment.json", "notes.md", "summary.json", "hello.txt", "plots", "reports"} <= top
+    assert [a.path for a in client.list_artifacts(run_id, "reports/report")] == ["reports/report/a.txt"]
+    env = json.loads(Path(client.download_artifacts(run_id, "environment.json", str(store))).read_text())
+    assert env["device"] == "cpu" and "pkg_torch" in env
+
+    # Artifacts live beside the DB, never in a ./mlruns file store.
+    assert (store / "mlartifacts" / params.tracking.experiment).is_dir()
+    assert not (store / "mlruns").exists()
+
+    assert version == "1"
+    mv = client.get_model_version("tiny", "1")
+    assert mv.run_id == run_id and mv.source.startswith("models:/m-")
+    logged = client.get_logged_model(mv.source.removeprefix("models:/"))
+    assert logged.experiment_id == run.info.experiment_id
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "tiny", "version": 1}]
+    loaded = mlflow.pytorch.load_model("models:/tiny/1")
+    x = torch.randn(5, 4)
+    assert torch.allclose(loaded(x), model.eval()(x), atol=1e-6)  # batch dimension stays dynamic
+
+    err = capfd.readouterr().err
+    assert "mismatch" not in err and "Successfully registered" not in err and "pickle" not in err.lower()
+
+
+def test_model_not_registered_when_disabled(params, store):
+    params.tracking.register_models = False
+    with start_run(params, stage="train_text") as tracker:
+        assert tracker.log_model(torch.nn.Linear(4, 2), "text", np.zeros((2, 4), np.float32), "tiny") is None
+        assert tracker.last_model_uri.startswith("models:/m-")
+    assert client_for(store).search_registered_models() == []
+
+
+def test_unexportable_model_falls_back_to_pickle(params, store, capfd):
+    with start_run(params, stage="train_text") as tracker:
+        version = tracker.log_model(Doubler(), "doubler", torch.ones(4, 3), registered_model_name="doubler")
+    assert version == "1"
+    assert "logging it in MLflow's pickle format" in capfd.readouterr().err
+    loaded = mlflow.pytorch.load_model("models:/doubler/1")
+    assert torch.equal(loaded(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    # the failed pt2 attempt leaves no empty LoggedModel behind
+    client = client_for(store)
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    assert len(client.search_logged_models(experiment_ids=[exp.experiment_id])) == 1
+
+
+def test_disabled_yields_null_tracker_and_writes_nothing(params, workdir):
+    params.tracking.enabled = False
+    with start_run(params, stage="evaluate") as tracker:
+        assert isinstance(tracker, NullTracker) and tracker.run_id == ""
+        tracker.log_params(params)
+        tracker.log_metrics({"x": 1.0}, step=1)
+        tracker.log_text("t", "t.txt")
+        assert tracker.log_model(torch.nn.Linear(4, 2), "m", torch.zeros(2, 4), "m") is None
+    assert list(workdir.iterdir()) == []
+
+
+def test_unreachable_server_raises_quickly(params, workdir):
+    port = free_port()
+    params.tracking.uri = f"http://127.0.0.1:{port}"
+    params.tracking.connect_timeout_s = 1
+    started = time.monotonic()
+    with pytest.raises(TrackingUnavailable) as info:
+        with start_run(params, stage="train_classifier"):
+            pytest.fail("the body must not run")
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert f"127.0.0.1:{port}" in message and "fallback_to_local" in message and "MLFLOW_TRACKING_URI" not in message
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_unreachable_env_server_message_names_env(params, workdir, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    params.tracking.connect_timeout_s = 1
+    with pytest.raises(TrackingUnavailable, match="MLFLOW_TRACKING_URI"):
+        resolve_tracking_uri(params, check=True)
+
+
+def test_unreachable_server_falls_back_to_local(params, store, capfd):
+    params.tracking.uri = f"http://127.0.0.1:{free_port()}"
+    params.tracking.connect_timeout_s = 1
+    params.tracking.fallback_to_local = True
+    with start_run(params, stage="train_classifier") as tracker:
+        tracker.log_metrics({"loss": 0.5}, step=0)
+        assert tracker.tracking_uri == f"sqlite:///{store.resolve()}/mlflow.db"
+    warning = [line for line in capfd.readouterr().err.splitlines() if "unreachable" in line]
+    assert len(warning) == 1 and "logging to sqlite:///" in warning[0]
+    assert client_for(store).get_run(tracker.run_id).data.metrics == {"loss": 0.5}
+
+
+def test_failing_body_marks_run_failed(params, store):
+    with pytest.raises(ValueError, match="boom"):
+        with start_run(params, stage="train_segmenter") as tracker:
+            tracker.log_metrics({"loss": 1.0})
+            raise ValueError("boom")
+    assert client_for(store).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_nesting_by_argument_and_env(params, store, monkeypatch):
+    with start_run(params, stage="pipeline", run_name="parent") as parent:
+        with start_run(params, stage="prepare", parent_run_id=parent.run_id) as child:
+            pass
+        monkeypatch.setenv("TRAINLAB_PARENT_RUN_ID", parent.run_id)
+        with start_run(params, stage="train_text") as env_child:
+            pass
+    client = client_for(store)
+    assert client.get_run(parent.run_id).data.tags.get("mlflow.parentRunId") is None
+    assert client.get_run(parent.run_id).info.run_name == "parent"
+    for run_id in (child.run_id, env_child.run_id):
+        assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == parent.run_id
+
+
+def test_missing_parent_is_not_linked(params, store, capfd):
+    with start_run(params, stage="prepare", parent_run_id="0" * 32) as tracker:
+        pass
+    assert "mlflow.parentRunId" not in client_for(store).get_run(tracker.run_id).data.tags
+    assert "not found" in capfd.readouterr().err
+
+
+def test_data_hash_from_dvc_lock(params, store):
+    lock = {
+        "schema": "2.0",
+        "stages": {
+            "prepare": {"cmd": "python -m stages.prepare", "outs": [
+                {"path": "data/prepared/classifier", "hash": "md5", "md5": "aaa.dir"}]},
+            "train_classifier": {"cmd": "python -m stages.train_classifier", "deps": [
+                {"path": "data/prepared/classifier", "hash": "md5", "md5": "old.dir"},
+                {"path": "trainlab/engine", "hash": "md5", "md5": "bbb.dir"}]},
+        },
+    }
+    (store / "dvc.lock").write_text(yaml.safe_dump(lock))
+    first = data_hash("train_classifier")
+    assert len(first) == 12 and first != "none"
+    assert data_hash("evaluate") == "none"
+    # The upstream out (rewritten as soon as prepare ran) wins over this stage's stale dep entry.
+    lock["stages"]["prepare"]["outs"][0]["md5"] = "ccc.dir"
+    (store / "dvc.lock").write_text(yaml.safe_dump(lock))
+    second = data_hash("train_classifier")
+    assert second != first
+    lock["stages"]["train_classifier"]["deps"][0]["md5"] = "ccc.dir"  # what dvc writes after the stage
+    (store / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert data_hash("train_classifier") == second
+    with start_run(params, stage="train_classifier") as tracker:
+        pass
+    assert client_for(store).get_run(tracker.run_id).data.tags["data_hash"] == second
+
+
+def test_retry_only_on_database_locked(monkeypatch):
+    import sqlite3
+
+    monkeypatch.setattr("trainlab.tracking._RETRY_BASE_DELAY_S", 0.001)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("wrapped") from sqlite3.OperationalError("database is locked")
+        return "ok"
+
+    assert _retry(flaky) == "ok" and len(calls) == 3
+
+    def broken():
+        calls.append(1)
+        raise sqlite3.OperationalError("no such table: runs")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError):
+        _retry(broken)
+    assert len(calls) == 1
+
+
+@pytest.mark.reliability
+def test_concurrent_writers_share_one_sqlite_store(workdir):
+    """Several processes create the experiment and log to one fresh SQLite DB at once."""
+    script = textwrap.dedent(f"""
+        import sys
+        from trainlab.config import load_params
+        from trainlab.tracking import start_run
+        p = load_params({str(PARAMS_FILE)!r})
+        p.base.device = "cpu"
+        with start_run(p, stage="sweep_" + sys.argv[1]) as t:
+            t.log_params(p.classifier)
+            for step in range(30):
+                t.log_metrics({{"loss": 1.0 / (step + 1)}}, step=step)
+        print(t.run_id)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], cwd=workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0, err
+    client = client_for(workdir)
+    experiments = [e for e in client.search_experiments() if e.name == "trainlab"]
+    assert len(experiments) == 1
+    for out, _ in outs:
+        run_id = out.strip().splitlines()[-1]
+        assert len(client.get_metric_history(run_id, "loss")) == 30

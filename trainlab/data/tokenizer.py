@@ -1,0 +1,111 @@
+"""A small word-level tokenizer: documented normalisation, a frequency vocabulary fitted on train texts, JSON on disk.
+
+Normalisation: lowercase; URLs become ``<url>``, @mentions ``<user>``, and a hashtag ``#word`` becomes
+``<hashtag> word``. Tokens: the placeholders, words (letters/digits/underscore, with inner apostrophes such as
+``don't``) and single punctuation or symbol characters.
+Vocabulary: [PAD]=0, [UNK]=1, [CLS]=2, then the tokens seen at least ``min_frequency`` times in the training
+texts, most frequent first, ties broken alphabetically, up to ``vocab_size`` entries in all.
+Encoding: [CLS] first, then the token ids (unknown tokens -> [UNK]), cut to ``max_length``, padded with [PAD].
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainlab.atomic import write_json
+from trainlab.errors import DataError
+
+PAD, UNK, CLS = "[PAD]", "[UNK]", "[CLS]"
+SPECIAL_TOKENS = (PAD, UNK, CLS)
+PAD_ID, UNK_ID, CLS_ID = 0, 1, 2
+FORMAT = "trainlab-word-tokenizer-v1"
+
+URL_RE = re.compile(r"https?://\S+|www\.\S+")
+MENTION_RE = re.compile(r"@\w+")
+HASHTAG_RE = re.compile(r"#(\w+)")
+TOKEN_RE = re.compile(r"<url>|<user>|<hashtag>|\w+(?:'\w+)*|[^\w\s]")
+
+
+def normalize(text: str) -> str:
+    """Lowercase and replace URLs, mentions and hashtags by placeholder tokens."""
+    text = URL_RE.sub(" <url> ", text.lower())
+    text = MENTION_RE.sub(" <user> ", text)
+    return HASHTAG_RE.sub(r" <hashtag> \1 ", text)
+
+
+def split_tokens(text: str) -> list[str]:
+    """The tokens of one text after normalisation."""
+    return TOKEN_RE.findall(normalize(text))
+
+
+class Tokenizer:
+    """Maps texts to fixed-length id sequences with a frozen vocabulary."""
+
+    def __init__(self, vocab: Sequence[str], max_length: int):
+        if tuple(vocab[:3]) != SPECIAL_TOKENS:
+            raise ValueError(f"the vocabulary must start with {SPECIAL_TOKENS}")
+        self.vocab = list(vocab)
+        self.max_length = max_length
+        self.ids = {token: i for i, token in enumerate(self.vocab)}
+
+    @classmethod
+    def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int) -> Tokenizer:
+        """Build the vocabulary from (training) texts only."""
+        counts = Counter(token for text in texts for token in split_tokens(text))
+        frequent = sorted((t for t, c in counts.items() if c >= min_frequency), key=lambda t: (-counts[t], t))
+        return cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def token_ids(self, text: str) -> list[int]:
+        """[CLS] and the ids of every token of `text`, not cut to max_length."""
+        return [CLS_ID, *(self.ids.get(token, UNK_ID) for token in split_tokens(text))]
+
+    def encode_with_lengths(self, texts: Sequence[str]) -> tuple[torch.Tensor, np.ndarray]:
+        """Ids (N, max_length) int64 and each text's full length in tokens ([CLS] included) before cutting."""
+        tokens = np.full((len(texts), self.max_length), PAD_ID, dtype=np.int64)
+        lengths = np.zeros(len(texts), dtype=np.int64)
+        for row, text in enumerate(texts):
+            ids = self.token_ids(text)
+            lengths[row] = len(ids)
+            ids = ids[:self.max_length]
+            tokens[row, :len(ids)] = ids
+        return torch.from_numpy(tokens), lengths
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Ids (N, max_length) int64: [CLS] at position 0, [PAD] after the text."""
+        return self.encode_with_lengths(texts)[0]
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        """The tokens of an id sequence, special tokens dropped (for inspection)."""
+        return [self.vocab[i] for i in ids if i >= len(SPECIAL_TOKENS)]
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "lowercase": True, "max_length": self.max_length, "pad_id": PAD_ID,
+                "unk_id": UNK_ID, "cls_id": CLS_ID, "token_pattern": TOKEN_RE.pattern, "vocab": self.vocab}
+
+    def save(self, path: str | Path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Read a tokenizer saved by `save`; a missing or foreign file is a DataError naming it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(f"{path}: tokenizer not found (run `dvc repro prepare` first)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise DataError(f"{path}: not a {FORMAT} tokenizer file")
+        return cls(data["vocab"], data["max_length"])
