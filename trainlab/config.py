@@ -22,6 +22,17 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
 
+class DistributedParams(Section):
+    """How training stages launch: >1 process re-runs the stage under torchrun (gloo on CPU, nccl on CUDA)."""
+
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    nnodes: int = Field(1, ge=1, le=4096)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str = "127.0.0.1:29500"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    sync_batchnorm: bool = False
+
+
 class BaseParams(Section):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = True
@@ -32,6 +43,7 @@ class BaseParams(Section):
     tf32: bool = True
     data_on_device_max_mb: int = Field(2048, ge=0)
     num_workers: int = Field(2, ge=0, le=64)
+    distributed: DistributedParams = DistributedParams()
 
 
 class ClassificationData(Section):

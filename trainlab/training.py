@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
+import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from trainlab import distributed
 from trainlab.atomic import atomic_dir, atomic_path, write_json
 from trainlab.config import Params, TrainParams
 from trainlab.engine import FitResult, Task, evaluate, fit, scalars
@@ -91,9 +95,10 @@ def write_history(history: list[dict[str, float]], path: Path) -> None:
 
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
                runtime: Runtime | None = None) -> TrainOutcome:
-    """The whole training stage for one task; writes model_dir and reports_dir only on success."""
+    """The whole training stage for one task; writes model_dir and reports_dir only on success.
+    Under torchrun every rank trains; only rank 0 tracks and writes."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.tracking import start_run
+    from trainlab.tracking import NullTracker, start_run
 
     start = time.perf_counter()
     data_dir, model_dir, reports_dir = Path(data_dir), Path(model_dir), Path(reports_dir)
@@ -102,52 +107,65 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     meta = load_meta(data_dir)
     splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
     runtime = runtime or resolve_runtime(params.base)
+    ctx = distributed.setup(params.base.distributed, runtime.device.type)
+    if ctx.enabled and runtime.device.type == "cuda":
+        runtime = dataclasses.replace(runtime, device=torch.device("cuda", ctx.local_rank))
     seed_everything(seed)
     task = build_task(name, params, meta)
+    tracking = start_run(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
+    ckpt = CHECKPOINT_ROOT / name / "last.pt"
 
-    with start_run(params, stage=f"train_{name}") as tracker:
+    with tracking as tracker:
         tracker.log_params({"base": params.base.model_dump(), name: cfg.model_dump(), "data_source":
-                            meta.get("source", "unknown")})
+                            meta.get("source", "unknown"), "world_size": ctx.world_size})
         tracker.set_tags({**runtime.describe(), "task": name})
-        ckpt = CHECKPOINT_ROOT / name / "last.pt"
         result = fit(task, splits["train"], splits["val"], cfg, runtime, seed, tracker=tracker,
                      checkpoint_path=ckpt, fingerprint=fingerprint(params, name, data_dir),
                      max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
-                     eval_batch_size=2 * cfg.batch_size)
+                     eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm)
         test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
                                 params.base.data_on_device_max_mb))
         seconds = time.perf_counter() - start
-        summary = {f"test_{k}": v for k, v in test.items()}
-        summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
-                        "epochs": len(result.history)})
-        # Timings vary run to run, so they live apart from the metrics (which are bitwise reproducible).
-        timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
-                  "samples_per_s": round(result.samples_per_s, 1)}
-        extra = {"tokenizer.json": data_dir / "tokenizer.json"} if name == "text" else {}
-        if name == "text":
-            baseline = text_baseline(params, data_dir, meta)
-            summary.update({"baseline_test_accuracy": baseline["accuracy"],
-                            "baseline_test_macro_f1": baseline["macro_f1"]})
-        tracker.log_params({"params_total": result.params_total, "params_trainable": result.params_trainable})
-        tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
-
-        info = {"info.json": {"task": name, "meta": meta, "test": test, "run_id": tracker.run_id,
-                "environment": environment(runtime.device), "runtime": runtime.describe()}}
-        if name == "text":
-            info["baseline.json"] = baseline
-        save_model(result.model, model_dir, extra, info)
-        write_history(result.history, reports_dir / "history.csv")
-        write_json(reports_dir / "metrics.json", summary)
-        write_json(reports_dir / "timing.json", timing)
-        tracker.log_artifact(reports_dir / "history.csv")
-        tracker.log_artifact(model_dir / "config.json", "model_files")
-        result.model.eval()
-        registered = f"trainlab-{name}" if params.tracking.register_models else None
-        tracker.log_model(result.model.float().cpu().to(memory_format=torch.contiguous_format), name=name,
-                          input_example=input_example(name, splits["test"], task).cpu(),
-                          registered_model_name=registered)
-    ckpt.unlink(missing_ok=True)
+        if ctx.is_main:
+            write_outputs(name, params, task, result, test, seconds, tracker, runtime, meta, splits["test"],
+                          data_dir, model_dir, reports_dir)
+    if ctx.is_main:
+        ckpt.unlink(missing_ok=True)
+    distributed.teardown()
     return TrainOutcome(test=test, fit=result, run_id=tracker.run_id, seconds=seconds)
+
+
+def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
+                  tracker, runtime: Runtime, meta: dict, test_split: dict[str, torch.Tensor], data_dir: Path,
+                  model_dir: Path, reports_dir: Path) -> None:
+    """Model, metrics, history and timing files, and the same in MLflow (with the registered model)."""
+    summary = {f"test_{k}": v for k, v in test.items()}
+    summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
+                    "epochs": len(result.history)})
+    # Timings vary run to run, so they live apart from the metrics (which are bitwise reproducible).
+    timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
+              "samples_per_s": round(result.samples_per_s, 1)}
+    extra_files = {"tokenizer.json": data_dir / "tokenizer.json"} if name == "text" else {}
+    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "run_id": tracker.run_id,
+                                "environment": environment(runtime.device), "runtime": runtime.describe()}}
+    if name == "text":
+        baseline = text_baseline(params, data_dir, meta)
+        summary.update({"baseline_test_accuracy": baseline["accuracy"],
+                        "baseline_test_macro_f1": baseline["macro_f1"]})
+        extra_json["baseline.json"] = baseline
+    tracker.log_params({"params_total": result.params_total, "params_trainable": result.params_trainable})
+    tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
+
+    save_model(result.model, model_dir, extra_files, extra_json)
+    write_history(result.history, reports_dir / "history.csv")
+    write_json(reports_dir / "metrics.json", summary)
+    write_json(reports_dir / "timing.json", timing)
+    tracker.log_artifact(reports_dir / "history.csv")
+    tracker.log_artifact(model_dir / "config.json", "model_files")
+    model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
+    registered = f"trainlab-{name}" if params.tracking.register_models else None
+    tracker.log_model(model, name=name, input_example=input_example(name, test_split, task).cpu(),
+                      registered_model_name=registered)
 
 
 def text_baseline(params: Params, data_dir: Path, meta: dict) -> dict:
@@ -176,6 +194,14 @@ def train_stage_main(name: str, argv: list[str]) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    dist_params = params.base.distributed
+    if dist_params.nproc_per_node * dist_params.nnodes > 1 and not distributed.under_torchrun():
+        cmd = distributed.torchrun_command(dist_params, f"stages.train_{name}", argv)
+        print(f"{name}: launching {dist_params.nproc_per_node} x {dist_params.nnodes} processes: {' '.join(cmd)}",
+              flush=True)
+        os.execv(cmd[0], cmd)
     outcome = train_task(name, params, args.data_dir, args.model_dir, args.reports_dir)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for all
+        return
     shown = ", ".join(f"{k} {v:.4f}" for k, v in outcome.test.items())
     print(f"{name}: test {shown} ({outcome.seconds:.1f} s, {outcome.fit.samples_per_s:,.0f} samples/s)")

@@ -12,15 +12,17 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from trainlab import distributed
 from trainlab.config import TrainParams
 from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.optim import build_optimizer, build_scheduler, param_groups
 from trainlab.engine.progress import Progress
 from trainlab.engine.task import Task
-from trainlab.errors import TrainingDiverged, UserError
+from trainlab.errors import ParamsError, TrainingDiverged, UserError
 from trainlab.repro import generator
 from trainlab.runtime import Runtime
 
@@ -64,8 +66,12 @@ def to_device_layout(x: torch.Tensor, task: Task, runtime: Runtime) -> torch.Ten
 @torch.inference_mode()
 def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_size: int = 256,
              max_device_mb: int = 2048) -> dict[str, torch.Tensor]:
-    """Loss and the task's metrics over `data` (no gradients, eval mode, same precision as training)."""
+    """Loss and the task's metrics over `data` (no gradients, eval mode, same precision as training).
+    Under torch.distributed each rank takes its own slice and the results are reduced over all ranks."""
     model.eval()
+    ctx = distributed.context()
+    if ctx.enabled:
+        data = {k: v[ctx.rank :: ctx.world_size] for k, v in data.items()}
     batches = make_batches(data, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
                            max_device_mb=max_device_mb)
     metrics = task.make_metrics().to(runtime.device)
@@ -81,7 +87,8 @@ def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_
         loss_sum += loss.float() * n
         count += n
         metrics.update(task.predict(out.float()), y)
-    return {"loss": loss_sum / max(count, 1), **metrics.compute()}
+    totals = distributed.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(count), device=loss_sum.device)]))
+    return {"loss": totals[0] / totals[1].clamp(min=1), **metrics.compute()}
 
 
 @contextmanager
@@ -104,21 +111,33 @@ def _stop_on_signals():
 def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int, *,
         tracker: MetricsSink | None = None, checkpoint_path: str | Path | None = None, fingerprint: str = "",
         max_device_mb: int = 2048, num_workers: int = 2, stop_at_step: int | None = None,
-        eval_batch_size: int = 256) -> FitResult:
+        eval_batch_size: int = 256, sync_batchnorm: bool = False) -> FitResult:
     """Train `task.model` on `train`, validating on `val` after each epoch.
 
     With `checkpoint_path`, the full state is saved at each epoch end (and every `cfg.checkpoint_every_steps`
     optimizer steps), and a checkpoint with the same `fingerprint` found there is resumed from.
     `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume).
+    Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes `batch_size / world_size`
+    samples of every global batch, and only rank 0 reports progress and writes checkpoints.
     """
     device = runtime.device
+    ctx = distributed.context()
+    if cfg.batch_size % ctx.world_size:
+        raise ParamsError(f"{task.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
+                          f"processes ({ctx.world_size})")
     model = task.model.to(device)
     if task.conv and runtime.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    forward = torch.compile(model) if runtime.compile else model
+    wrapped = model
+    if ctx.enabled:
+        if sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward = torch.compile(wrapped) if runtime.compile else wrapped
 
-    train_batches = make_batches(train, cfg.batch_size, device, seed, shuffle=True, drop_last=True,
-                                 max_device_mb=max_device_mb, num_workers=num_workers)
+    train_batches = make_batches(train, cfg.batch_size // ctx.world_size, device, seed, shuffle=True,
+                                 drop_last=True, max_device_mb=max_device_mb, num_workers=num_workers,
+                                 rank=ctx.rank, world_size=ctx.world_size)
     accum = cfg.accumulation_steps
     updates_per_epoch = max(1, len(train_batches) // accum)
     steps_per_epoch = updates_per_epoch * accum
@@ -164,6 +183,9 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
         if ckpt is None:
             return
         _raise_if_diverged(first_bad, task.name, ckpt)
+        if not ctx.is_main:
+            distributed.barrier()
+            return
         save_checkpoint(ckpt, {
             "fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
@@ -171,8 +193,9 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
             "step_in_epoch": step_in_epoch, "update": update, "history": history, "train_time": elapsed,
             "loss_sum": loss_sum, "seen": seen, "rng": rng_state(),
         })
+        distributed.barrier()
 
-    progress = Progress(total_updates, desc=f"train {task.name}", initial=update)
+    progress = Progress(total_updates, desc=f"train {task.name}", initial=update, enabled=ctx.is_main)
     try:
         with _stop_on_signals() as stop_flag:
             while epoch < cfg.epochs and update < total_updates:
@@ -225,8 +248,9 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
                 _raise_if_diverged(first_bad, task.name, ckpt)
                 epoch_time = time.perf_counter() - t0
                 train_time += epoch_time
-                train_loss = float(loss_sum / seen.clamp(min=1))
-                epoch_samples = int(seen) - samples_at_start
+                totals = distributed.all_reduce_sum(torch.stack([loss_sum, seen.float()]))
+                train_loss = float(totals[0] / totals[1].clamp(min=1))
+                epoch_samples = (int(seen) - samples_at_start) * ctx.world_size
                 eval_model = ema.module if ema is not None else model
                 val_metrics = scalars(evaluate(task, eval_model, val, runtime, eval_batch_size, max_device_mb))
                 row = {"epoch": epoch + 1, "step": update, "train_loss": train_loss,
@@ -251,7 +275,7 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
 
 
 def _raise_if_diverged(first_bad: torch.Tensor, name: str, ckpt: Path | None) -> None:
-    bad = int(first_bad)
+    bad = int(distributed.all_reduce_max(first_bad.clone()))
     if bad >= 0:
         where = f"the last good checkpoint is {ckpt}" if ckpt is not None and ckpt.exists() else \
             "no good checkpoint was written"
