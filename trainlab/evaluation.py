@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
     MulticlassConfusionMatrix,
@@ -22,15 +22,13 @@ from torchmetrics.classification import (
 )
 
 from trainlab.config import Params
+from trainlab.engine.metrics import update_in_chunks
 from trainlab.errors import CheckpointError, DataError
 from trainlab.runtime import Runtime
 
 # models/<task> -> data/prepared/<folder>
 DATA_FOLDERS = {"classifier": "classification", "segmenter": "segmentation", "text": "text"}
 REQUIRED_TENSORS = {"classifier": ("images", "labels"), "segmenter": ("images", "masks"), "text": ("tokens", "labels")}
-# torchmetrics counts classes with a (samples x classes**2) comparison when deterministic algorithms are on:
-# updates are fed in chunks of at most this many elements so that memory stays bounded.
-CHUNK_ELEMENTS = 2**22
 FEW_EXAMPLES = 4  # segmentation overlays, attention maps and feature maps show at most this many test samples
 FEATURE_CHANNELS = 4  # channels shown per feature-map layer
 
@@ -182,15 +180,6 @@ def segmentation_metrics(num_classes: int) -> MetricCollection:
     })
 
 
-def update_in_chunks(metrics: Metric | MetricCollection, preds: torch.Tensor, target: torch.Tensor,
-                     num_classes: int) -> None:
-    """Update with flattened predictions and targets, in chunks that bound torchmetrics' counting memory."""
-    preds, target = preds.reshape(-1), target.reshape(-1)
-    step = max(1, CHUNK_ELEMENTS // num_classes**2)
-    for start in range(0, preds.numel(), step):
-        metrics.update(preds[start:start + step], target[start:start + step])
-
-
 def predict_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, dense: bool = False) -> torch.Tensor:
     """Float logits; with `tta` the mean of the logits for x and its horizontal flip (un-flipped when `dense`)."""
     logits = model(x).float()
@@ -254,7 +243,8 @@ def feature_layers(model: nn.Module, x: torch.Tensor, count: int = 2) -> list[st
 
     nodes = get_graph_node_names(model)[1][1:-1]  # eval graph, without the input and the logits
     shapes = {k: v.shape for k, v in create_feature_extractor(model, nodes)(x[:1]).items()}
-    spatial = [n for n in nodes if len(shapes[n]) == 4 and min(shapes[n][-2:]) >= 2]
+    maps = [n for n in nodes if len(shapes[n]) == 4]
+    spatial = [n for n in maps if min(shapes[n][-2:]) >= 3] or maps
     activations = [n for n in spatial if n.rsplit(".", 1)[-1].startswith("relu")] or spatial
     if len(activations) <= count:
         return activations

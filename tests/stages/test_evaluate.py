@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,9 @@ from trainlab.config import ClassifierParams, SegmenterParams, TextParams, load_
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
 from trainlab.data.tokenizer import Tokenizer
 from trainlab.errors import CheckpointError, DataError
-from trainlab.evaluation import OUTPUT_FILES, run_evaluation
+from trainlab.evaluation import OUTPUT_FILES, load_inputs, run_test_split
 from trainlab.models import build_classifier, build_segmenter, build_text_model
+from trainlab.runtime import resolve_runtime
 from trainlab.training import save_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +27,15 @@ CANVAS_CLASSES = ["background", *DIGITS]
 WORDS = {"negative": "awful terrible sad bad", "neutral": "fine okay plain whatever", "positive": "great lovely happy"}
 RUN_IDS = {"classifier": "run-classifier-0001", "segmenter": "run-segmenter-0002", "text": "run-text-0003"}
 TEST_SIZES = {"classifier": 24, "segmenter": 6, "text": 12}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and 2 threads on a busy 2-core machine can be 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def bar_digits(n: int) -> dict[str, torch.Tensor]:
@@ -92,7 +100,7 @@ def write_models(models: Path, data: Path, classifier_classes: int = 10) -> None
 def write_params(path: Path, tracking: bool = True, **evaluate) -> Path:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["base"].update({"device": "cpu", "precision": "fp32"})
-    params["evaluate"] = {"batch_size": 8, "tta": False, "n_examples": 8, **evaluate}
+    params["evaluate"] = {"batch_size": 8, "tta": False, "n_examples": 3, **evaluate}
     params["tracking"].update({"enabled": tracking, "uri": None, "register_models": False})
     path.write_text(yaml.safe_dump(params))
     return path
@@ -213,13 +221,14 @@ def test_one_mlflow_run_linked_to_the_training_runs(evaluated):
     assert set(OUTPUT_FILES) <= logged
 
 
-def test_tta_runs_and_stays_deterministic(workspace, tmp_path, monkeypatch):
-    monkeypatch.chdir(workspace)
-    params = load_params(write_params(tmp_path / "params.yaml", tracking=False, tta=True))
-    first = run_evaluation(params, "data/prepared", "models", tmp_path / "a")
-    second = run_evaluation(params, "data/prepared", "models", tmp_path / "b")
-    assert first == second
-    assert (tmp_path / "a" / "misclassified.png").is_file()
+def test_tta_predictions_are_deterministic(workspace):
+    runtime = resolve_runtime(load_params(workspace / "params_off.yaml").base)
+    for name in ("classifier", "segmenter"):
+        inputs = load_inputs(name, workspace / "data" / "prepared", workspace / "models", runtime.device)
+        plain, *tta = (run_test_split(inputs, runtime, 4, tta=flag) for flag in (False, True, True))
+        assert all(torch.equal(tta[0].metrics[k], tta[1].metrics[k]) for k in plain.metrics)
+        assert torch.equal(tta[0].predicted, tta[1].predicted)
+        assert plain.predicted.shape == tta[0].predicted.shape
 
 
 def test_missing_model_folder_is_a_clear_error_with_no_outputs(copy_of, capsys):
@@ -252,11 +261,20 @@ def test_labels_outside_the_model_classes_are_a_data_error(copy_of):
         main(["data/prepared", "models", "reports/evaluate"])
 
 
-def test_stage_command_exit_code_and_message(copy_of):
+def test_missing_baseline_is_a_checkpoint_error(copy_of, capsys):
+    from trainlab.cli import run_cli
+
     (copy_of / "models" / "text" / "baseline.json").unlink()
-    done = subprocess.run([sys.executable, "-m", "stages.evaluate", "data/prepared", "models", "reports/evaluate"],
-                          cwd=copy_of, capture_output=True, text=True, env={"PYTHONPATH": str(REPO),
-                                                                            "PATH": "/usr/bin:/bin"})
-    assert done.returncode == CheckpointError.exit_code, done.stderr
-    assert "models/text/baseline.json: missing" in done.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, ["data/prepared", "models", "reports/evaluate"])
+    assert exit_info.value.code == CheckpointError.exit_code
+    assert "models/text/baseline.json: missing" in capsys.readouterr().err
     assert not (copy_of / "reports").exists()
+
+
+def test_text_model_with_another_vocabulary_is_refused(copy_of):
+    from trainlab.data.tokenizer import SPECIAL_TOKENS
+
+    Tokenizer([*SPECIAL_TOKENS, "other", "words"], 12).save(copy_of / "models" / "text" / "tokenizer.json")
+    with pytest.raises(CheckpointError, match=r"models/text/tokenizer\.json: the model's vocabulary differs"):
+        main(["data/prepared", "models", "reports/evaluate"])

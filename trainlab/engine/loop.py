@@ -18,6 +18,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from trainlab import distributed
 from trainlab.config import TrainParams
 from trainlab.engine.batches import Batch, make_batches
+from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.optim import build_optimizer, build_scheduler, param_groups
 from trainlab.engine.progress import Progress
@@ -86,7 +87,8 @@ def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_
         n = y.shape[0]
         loss_sum += loss.float() * n
         count += n
-        metrics.update(task.predict(out.float()), y)
+        with bincount_allowed(runtime.device):
+            metrics.update(task.predict(out.float()), y)
     totals = distributed.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(count), device=loss_sum.device)]))
     return {"loss": totals[0] / totals[1].clamp(min=1), **metrics.compute()}
 

@@ -1,0 +1,146 @@
+"""Tests for trainlab.evaluation: metric values on known predictions, flip TTA, chunking, layers, summaries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainlab import evaluation
+from trainlab.config import ClassifierParams
+from trainlab.engine import metrics as engine_metrics
+from trainlab.engine.metrics import update_in_chunks
+from trainlab.evaluation import (
+    class_keys,
+    classification_metrics,
+    confusion_rows,
+    flat_metrics,
+    predict_logits,
+    segmentation_metrics,
+    summarize,
+)
+from trainlab.models import build_classifier
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and 2 threads on a busy 2-core machine can be 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_classification_metrics_on_known_predictions():
+    target = torch.tensor([0, 0, 1, 1, 2, 2])
+    preds = torch.tensor([0, 1, 1, 1, 2, 0])
+    metrics = classification_metrics(3)
+    update_in_chunks(metrics, preds, target, 3)
+    out = metrics.compute()
+    assert float(out["accuracy"]) == pytest.approx(4 / 6)
+    assert out["confusion"].tolist() == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    assert int(out["confusion"].sum()) == len(target)
+    assert out["precision"].tolist() == pytest.approx([1 / 2, 2 / 3, 1.0])
+    assert out["recall"].tolist() == pytest.approx([1 / 2, 1.0, 1 / 2])
+    f1 = [2 * p * r / (p + r) for p, r in zip(out["precision"].tolist(), out["recall"].tolist())]
+    assert float(out["macro_f1"]) == pytest.approx(sum(f1) / 3)
+
+
+def test_segmentation_metrics_perfect_and_known():
+    masks = torch.randint(0, 4, (2, 8, 8), generator=torch.Generator().manual_seed(0))
+    perfect = segmentation_metrics(4)
+    update_in_chunks(perfect, masks, masks, 4)
+    out = perfect.compute()
+    assert float(out["mean_iou"]) == float(out["mean_dice"]) == float(out["pixel_accuracy"]) == 1.0
+
+    target = torch.tensor([[0, 0, 1, 1]])
+    preds = torch.tensor([[0, 1, 1, 1]])
+    metrics = segmentation_metrics(2)
+    update_in_chunks(metrics, preds, target, 2)
+    out = metrics.compute()
+    assert out["iou"].tolist() == pytest.approx([1 / 2, 2 / 3])
+    assert out["dice"].tolist() == pytest.approx([2 / 3, 4 / 5])
+    assert float(out["mean_iou"]) == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert float(out["pixel_accuracy"]) == pytest.approx(3 / 4)
+
+
+def test_chunked_updates_give_the_same_numbers(monkeypatch):
+    gen = torch.Generator().manual_seed(1)
+    target, preds = torch.randint(0, 5, (3, 16, 16), generator=gen), torch.randint(0, 5, (3, 16, 16), generator=gen)
+    whole = segmentation_metrics(5)
+    update_in_chunks(whole, preds, target, 5)
+    monkeypatch.setattr(engine_metrics, "CHUNK_ELEMENTS", 25 * 7)  # chunks of 7 pixels
+    chunked = segmentation_metrics(5)
+    update_in_chunks(chunked, preds, target, 5)
+    a, b = whole.compute(), chunked.compute()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class Pointwise(nn.Module):
+    """A 1x1 conv: flip-equivariant, so un-flipped TTA logits equal the plain ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class LeftHeavy(nn.Module):
+    """Logits that depend on the column: flipping changes them."""
+
+    def forward(self, x):
+        ramp = torch.linspace(0, 1, x.shape[-1])
+        return torch.cat([x * ramp, x * (1 - ramp)], dim=1)
+
+
+def test_flip_tta_unflips_dense_logits():
+    x = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    model = Pointwise()
+    assert torch.allclose(predict_logits(model, x, tta=True, dense=True), predict_logits(model, x), atol=1e-6)
+    left = LeftHeavy()
+    expected = (left(x) + left(x.flip(-1)).flip(-1)) / 2
+    assert torch.allclose(predict_logits(left, x, tta=True, dense=True), expected)
+    assert not torch.allclose(predict_logits(left, x, tta=True, dense=True), left(x))
+
+
+def test_flip_tta_averages_image_logits():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    x = torch.rand(3, 1, 3, 4, generator=torch.Generator().manual_seed(2))
+    expected = (model(x) + model(x.flip(-1))) / 2
+    assert torch.allclose(predict_logits(model, x, tta=True), expected)
+
+
+def test_feature_layers_pick_an_early_and_a_late_activation():
+    model = build_classifier(ClassifierParams(width=4), 10, 1).eval()
+    x = torch.zeros(1, 1, 28, 28)
+    layers = evaluation.feature_layers(model, x)
+    assert layers == ["blocks.0.relu", "blocks.2.relu_1"]
+    maps = evaluation.feature_maps(model, torch.zeros(2, 1, 28, 28, dtype=torch.uint8), torch.device("cpu"))
+    assert {k: tuple(v.shape) for k, v in maps.items()} == {"blocks.0.relu": (2, 4, 28, 28),
+                                                            "blocks.2.relu_1": (2, 4, 7, 7)}
+
+
+def test_summaries_and_names():
+    assert class_keys(["background", "a.b", "a b", "", "a_b"]) == ["background", "a_b", "a_b_2", "3", "a_b_4"]
+    metrics = classification_metrics(2)
+    update_in_chunks(metrics, torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]), 2)
+    summary = summarize("classifier", metrics.compute(), ["no", "yes"], 3)
+    assert summary == {"accuracy": pytest.approx(2 / 3, abs=1e-6), "macro_f1": pytest.approx(2 / 3, abs=1e-6),
+                       "precision": {"no": 1.0, "yes": 0.5}, "recall": {"no": 0.5, "yes": 1.0}, "test_samples": 3}
+    assert flat_metrics({"classifier": summary, "flag": True})["classifier.precision.yes"] == 0.5
+    assert "flag" not in flat_metrics({"flag": True})
+    rows = confusion_rows(torch.tensor([0, 1]), torch.tensor([1, 1]), ["no", "yes"])
+    assert rows == [{"actual": "no", "predicted": "yes"}, {"actual": "yes", "predicted": "yes"}]
+
+
+def test_metrics_are_bitwise_repeatable():
+    gen = torch.Generator().manual_seed(3)
+    target, preds = torch.randint(0, 11, (4, 32, 32), generator=gen), torch.randint(0, 11, (4, 32, 32), generator=gen)
+    results = []
+    for _ in range(2):
+        metrics = segmentation_metrics(11)
+        update_in_chunks(metrics, preds, target, 11)
+        results.append(metrics.compute())
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])

@@ -1,0 +1,69 @@
+"""Tests for trainlab.pictures: each figure draws from plain tensors and saves as a PNG, edge cases included."""
+
+from __future__ import annotations
+
+import torch
+from matplotlib.figure import Figure
+
+from trainlab import pictures
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def saved(fig: Figure, path) -> bytes:
+    pictures.save_figure(fig, path)
+    return path.read_bytes()
+
+
+def test_misclassified_grid(tmp_path):
+    images = torch.randint(0, 256, (10, 1, 28, 28), dtype=torch.uint8)
+    fig = pictures.misclassified_grid(images, torch.arange(10), (torch.arange(10) + 1) % 10,
+                                      [str(i) for i in range(10)], torch.arange(10), total_wrong=12, total=40)
+    titled = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(titled) == 10 and titled[0] == "#0 true 0\npred 1"
+    assert "10 shown, 12 wrong of 40" in fig.get_suptitle()
+    assert saved(fig, tmp_path / "m.png")[:8] == PNG_MAGIC
+
+
+def test_misclassified_grid_rgb_and_empty(tmp_path):
+    rgb = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    fig = pictures.misclassified_grid(rgb, torch.tensor([0, 1]), torch.tensor([1, 0]), ["cat", "dog"])
+    assert fig.axes[0].get_images()[0].get_array().shape == (8, 8, 3)
+    empty = pictures.misclassified_grid(torch.zeros(0, 1, 8, 8, dtype=torch.uint8), torch.zeros(0), torch.zeros(0),
+                                        ["a"], total=5)
+    assert "No misclassified" in empty.axes[0].texts[0].get_text()
+    assert saved(empty, tmp_path / "e.png")[:8] == PNG_MAGIC
+
+
+def test_segmentation_overlays_fixed_colours_and_legend(tmp_path):
+    names = ["background", *map(str, range(10))]
+    masks = torch.randint(0, 11, (2, 16, 16))
+    fig = pictures.segmentation_overlays(masks.unsqueeze(1).to(torch.uint8) * 20, masks, masks.flip(-1), names)
+    assert len(fig.axes) == 6
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == names
+    cmap = pictures.class_colours(names)
+    assert cmap(0) == pictures.BACKGROUND_COLOUR and len(set(cmap.colors)) == 11
+    truth = fig.axes[1].get_images()[0]
+    assert truth.get_clim() == (-0.5, 10.5)  # the same class always gets the same colour
+    assert saved(fig, tmp_path / "s.png")[:8] == PNG_MAGIC
+
+
+def test_attention_heatmaps_label_tokens(tmp_path):
+    tokens = [["[CLS]", "good", "day"], ["[CLS]", "bad"]]
+    attentions = [torch.softmax(torch.rand(3, 3), -1), torch.softmax(torch.rand(2, 2), -1)]
+    fig = pictures.attention_heatmaps(tokens, attentions, ["true a, predicted a", "true b, predicted a"])
+    heatmaps = [ax for ax in fig.axes if ax.get_images()]
+    assert len(heatmaps) == 2
+    assert [t.get_text() for t in heatmaps[0].get_xticklabels()] == tokens[0]
+    assert heatmaps[1].get_title() == "true b, predicted a"
+    assert saved(fig, tmp_path / "a.png")[:8] == PNG_MAGIC
+
+
+def test_feature_map_grid(tmp_path):
+    images = torch.randint(0, 256, (2, 1, 12, 12), dtype=torch.uint8)
+    features = {"stem": torch.rand(2, 4, 12, 12), "late": torch.rand(2, 3, 3, 3)}
+    fig = pictures.feature_map_grid(images, features)
+    assert len(fig.axes) == 2 * (1 + 4 + 3)
+    assert fig.axes[0].get_title() == "input" and fig.axes[5].get_title() == "late\nch 0"
+    assert saved(fig, tmp_path / "f.png")[:8] == PNG_MAGIC
