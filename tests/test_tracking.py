@@ -198,6 +198,20 @@ def test_unexportable_model_falls_back_to_pickle(params, store, capfd):
     assert len(client.search_logged_models(experiment_ids=[exp.experiment_id])) == 1
 
 
+def test_log_model_needs_an_input_example(params, store):
+    with start_run(params, stage="train_text") as tracker:
+        with pytest.raises(ValueError, match="input_example"):
+            tracker.log_model(torch.nn.Linear(4, 2), "text", None)
+
+
+def test_deleted_experiment_is_reported(params, store):
+    client = client_for(store)
+    client.delete_experiment(client.create_experiment(params.tracking.experiment))
+    with pytest.raises(TrackingUnavailable, match="deleted"):
+        with start_run(params, stage="prepare"):
+            pytest.fail("the body must not run")
+
+
 def test_disabled_yields_null_tracker_and_writes_nothing(params, workdir):
     params.tracking.enabled = False
     with start_run(params, stage="evaluate") as tracker:
@@ -349,3 +363,53 @@ def test_concurrent_writers_share_one_sqlite_store(workdir):
     for out, _ in outs:
         run_id = out.strip().splitlines()[-1]
         assert len(client.get_metric_history(run_id, "loss")) == 30
+
+
+@pytest.mark.integration
+def test_logs_through_a_real_tracking_server(params, workdir, migrated_db, tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1: health probe passes, artifacts and models go through the server."""
+    mlflow_cli = Path(sys.executable).with_name("mlflow")
+    if not mlflow_cli.exists():
+        pytest.skip("mlflow CLI not installed beside the interpreter")
+    server_dir = tmp_path_factory.mktemp("mlflow_server")
+    shutil.copyfile(migrated_db, server_dir / "server.db")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [str(mlflow_cli), "server", "--backend-store-uri", f"sqlite:///{server_dir}/server.db",
+         "--artifacts-destination", str(server_dir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        cwd=server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import requests
+
+        deadline = time.monotonic() + 120  # first start is slow on this kind of machine (~30 s)
+        while True:
+            try:
+                if requests.get(f"{uri}/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert server.poll() is None, "mlflow server exited during startup"
+            assert time.monotonic() < deadline, "mlflow server did not become healthy in 120 s"
+            time.sleep(0.5)
+
+        params.tracking.uri = uri
+        params.tracking.connect_timeout_s = 2
+        with start_run(params, stage="train_classifier") as tracker:
+            tracker.log_metrics({"loss": 0.25}, step=1)
+            tracker.log_text("hi", "hi.txt")
+            version = tracker.log_model(torch.nn.Linear(4, 2), "classifier", torch.randn(4, 4), "served")
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        run = client.get_run(tracker.run_id)
+        assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:/")
+        assert {"environment.json", "hi.txt"} <= {a.path for a in client.list_artifacts(tracker.run_id)}
+        assert client.get_model_version("served", version).run_id == tracker.run_id
+        assert (server_dir / "artifacts").is_dir()
+        assert not (workdir / "mlflow.db").exists()  # nothing fell back to the local store
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()

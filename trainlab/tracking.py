@@ -423,10 +423,16 @@ class MlflowTracker:
         (no inference subprocess, no network). Returns the registered version, or None when not registered
         (no name given, or ``tracking.register_models`` is false).
         """
+        if input_example is None:
+            raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
+                             "describe the model")
         example = _example_array(input_example)
         export_model, restore = _exportable(model)
         try:
-            with _global_tracking_uri(self.tracking_uri):
+            with _global_tracking_uri(self.tracking_uri), warnings.catch_warnings():
+                # torch.export.save says this for channels_last weights; harmless for a CPU model.
+                warnings.filterwarnings("ignore", message="No complete tensor found in the group",
+                                        category=UserWarning)
                 info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
         finally:
             restore()
@@ -453,7 +459,7 @@ class MlflowTracker:
                 self._client.delete_logged_model(logged.model_id)
             except Exception:  # noqa: BLE001 - best-effort cleanup of the empty model entry
                 pass
-            if not fallback or _is_locked(exc):
+            if not fallback or not _raised_by_torch_export(exc):
                 raise
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             print(f"warning: torch.export could not trace model {name!r} ({type(exc).__name__}: {first_line}); "
@@ -480,6 +486,16 @@ class MlflowTracker:
             warnings.warn(f"registered {registered_model_name} v{version.version} but could not link it on "
                           f"the logged model: {exc}", RuntimeWarning, stacklevel=3)
         return str(version.version)
+
+
+def _raised_by_torch_export(exc: BaseException) -> bool:
+    """True when the error came out of torch.export tracing (not from MLflow, the store or the network)."""
+    import traceback
+
+    markers = ("/torch/export/", "/torch/_export/", "/torch/_dynamo/")
+    frames = traceback.extract_tb(exc.__traceback__)
+    return type(exc).__module__.startswith("torch.") or any(m in f.filename.replace("\\", "/")
+                                                          for f in frames for m in markers)
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
@@ -510,6 +526,8 @@ def _exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], N
     import torch
 
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        model = model.module
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     has_low_precision = any(p.is_floating_point() and p.dtype in (torch.float16, torch.bfloat16)
                             for p in model.parameters())
@@ -527,12 +545,14 @@ def _exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], N
 
 @contextmanager
 def start_run(params: Params, stage: str, run_name: str | None = None, parent_run_id: str | None = None,
-              tags: Mapping[str, Any] | None = None, device: str | None = None) -> Iterator[MlflowTracker | NullTracker]:
+              tags: Mapping[str, Any] | None = None,
+              device: str | None = None) -> Iterator[MlflowTracker | NullTracker]:
     """One MLflow run for a stage; yields a tracker. The run ends FAILED if the body raises, else FINISHED.
 
     With ``tracking.enabled`` false, yields a NullTracker and touches nothing. ``parent_run_id`` (or
     ``$TRAINLAB_PARENT_RUN_ID``) nests the run. Tags: git_commit, git_dirty, stage, params_hash, data_hash,
-    device, torch_version; the environment record is logged as ``environment.json``.
+    device, torch_version; the environment record is logged as ``environment.json``. ``device`` names the
+    device the stage runs on (default: resolved from ``base.device``).
     """
     if not params.tracking.enabled:
         yield NullTracker()
