@@ -1,7 +1,7 @@
 """DVC stage train_text: train the text classifier (Transformer) and its TF-IDF baseline on the prepared data."""
 
 from trainlab.cli import run_cli
-from trainlab.training import train_stage_main
+from trainlab.stage_cli import train_stage_main
 
 
 def main(argv: list[str]) -> None:

@@ -6,7 +6,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -178,30 +177,3 @@ def text_baseline(params: Params, data_dir: Path, meta: dict) -> dict:
     print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
           f"macro-F1 {result['macro_f1']:.4f} ({time.perf_counter() - t0:.1f} s)")
     return result
-
-
-def train_stage_main(name: str, argv: list[str]) -> None:
-    """The command line shared by the three training stages: DATA_DIR MODEL_DIR REPORTS_DIR [--params FILE]."""
-    import argparse
-
-    from trainlab.config import load_params
-
-    parser = argparse.ArgumentParser(prog=f"python -m stages.train_{name}",
-                                     description=f"Train the {name} model on prepared data (a DVC stage).")
-    parser.add_argument("data_dir", type=Path, help="prepared data folder (train/val/test.safetensors, meta.json)")
-    parser.add_argument("model_dir", type=Path, help="where the trained model is written")
-    parser.add_argument("reports_dir", type=Path, help="where metrics.json and history.csv are written")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    args = parser.parse_args(argv)
-    params = load_params(args.params)
-    dist_params = params.base.distributed
-    if dist_params.nproc_per_node * dist_params.nnodes > 1 and not distributed.under_torchrun():
-        cmd = distributed.torchrun_command(dist_params, f"stages.train_{name}", argv)
-        print(f"{name}: launching {dist_params.nproc_per_node} x {dist_params.nnodes} processes: {' '.join(cmd)}",
-              flush=True)
-        os.execv(cmd[0], cmd)
-    outcome = train_task(name, params, args.data_dir, args.model_dir, args.reports_dir)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for all
-        return
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in outcome.test.items())
-    print(f"{name}: test {shown} ({outcome.seconds:.1f} s, {outcome.fit.samples_per_s:,.0f} samples/s)")

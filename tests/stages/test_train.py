@@ -1,0 +1,128 @@
+"""The three training stages on real prepared data with tiny models: the loss falls, outputs and MLflow runs exist."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+import yaml
+
+from stages import prepare, train_classifier, train_segmenter, train_text
+from trainlab.saved import load_saved_model
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
+TINY = {
+    "base": {"seed": 3},
+    "data": {"segmentation": {"canvases_per_digit": 0.06, "canvas_size": 32, "max_digits": 2},
+             "text": {"vocab_size": 2000, "max_length": 32}},
+    "classifier": {**TRAIN, "width": 8, "batch_size": 128},
+    "segmenter": {**TRAIN, "base_channels": 8, "depth": 2, "batch_size": 32},
+    "text": {**TRAIN, "d_model": 32, "n_heads": 2, "n_layers": 1, "dim_feedforward": 64, "batch_size": 512,
+             "baseline_max_features": 5000},
+}
+STAGES = {"classifier": (train_classifier, "classification"), "segmenter": (train_segmenter, "segmentation"),
+          "text": (train_text, "text")}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Real embedded data prepared once, small; a private MLflow store; cwd-relative outputs."""
+    root = tmp_path_factory.mktemp("train")
+    (root / "params.yaml").write_text(yaml.safe_dump(TINY))
+    mp = pytest.MonkeyPatch()
+    mp.chdir(root)
+    mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+    prepare.main(["data/prepared", "reports/data_stats.json"])
+    yield root
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def trained(workspace):
+    for name, (stage, folder) in STAGES.items():
+        stage.main([f"data/prepared/{folder}", f"models/{name}", f"reports/{name}"])
+    return workspace
+
+
+def history(root: Path, name: str) -> list[dict[str, str]]:
+    with open(root / "reports" / name / "history.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_loss_falls_and_outputs_exist(trained, name):
+    rows = history(trained, name)
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
+    model_dir = trained / "models" / name
+    assert {"model.safetensors", "config.json", "info.json"} <= {p.name for p in model_dir.iterdir()}
+    metrics = json.loads((trained / "reports" / name / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and metrics["params_trainable"] > 0
+    timing = json.loads((trained / "reports" / name / "timing.json").read_text())
+    assert timing["samples_per_s"] > 0
+    saved = load_saved_model(model_dir, name)
+    assert saved.info["task"] == name
+    assert not (trained / "checkpoints" / name / "last.pt").exists()  # removed after success
+
+
+def test_classifier_learns_digits(trained):
+    metrics = json.loads((trained / "reports/classifier/metrics.json").read_text())
+    assert metrics["test_accuracy"] > 0.5  # 10 classes: chance is 0.1
+
+
+def test_text_stage_reports_the_tfidf_baseline(trained):
+    metrics = json.loads((trained / "reports/text/metrics.json").read_text())
+    assert 0.4 < metrics["baseline_test_accuracy"] < 1
+    assert {"tokenizer.json", "baseline.json"} <= {p.name for p in (trained / "models/text").iterdir()}
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_mlflow_run_params_metrics_and_registered_model(trained, name):
+    client = mlflow.MlflowClient(f"sqlite:///{trained}/mlflow.db")
+    info = json.loads((trained / "models" / name / "info.json").read_text())
+    run = client.get_run(info["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["stage"] == f"train_{name}"
+    assert run.data.params[f"{name}.epochs"] == "2"
+    assert "test_accuracy" in run.data.metrics or "test_mean_iou" in run.data.metrics
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
+    versions = client.search_model_versions(f"name='trainlab-{name}'")
+    assert any(v.run_id == run.info.run_id for v in versions)
+
+
+def test_same_params_twice_gives_identical_metrics(trained, tmp_path):
+    """Retrain the classifier in a copy of the workspace: metrics.json is identical to the last digit."""
+    copy = tmp_path / "again"
+    shutil.copytree(trained / "data", copy / "data")
+    shutil.copy(trained / "params.yaml", copy / "params.yaml")
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["tracking"] = {"enabled": False}
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
+                           "models/classifier", "reports/classifier"], cwd=copy, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (copy / "reports/classifier/metrics.json").read_bytes() == \
+        (trained / "reports/classifier/metrics.json").read_bytes()
+    a = load_saved_model(copy / "models/classifier", "classifier").model.state_dict()
+    b = load_saved_model(trained / "models/classifier", "classifier").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bad_params_exit_2_and_write_nothing(tmp_path):
+    (tmp_path / "params.yaml").write_text("segmenter:\n  dept: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "stages.train_segmenter", "data/prepared/segmentation",
+                           "models/segmenter", "reports/segmenter"], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert proc.returncode == 2
+    assert "segmenter.dept" in proc.stderr and "did you mean 'segmenter.depth'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

@@ -1,0 +1,36 @@
+"""The command line shared by the training stages; params are validated before torch is imported (fast errors)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from trainlab.config import load_params
+
+
+def train_stage_main(name: str, argv: list[str]) -> None:
+    """The command line shared by the three training stages: DATA_DIR MODEL_DIR REPORTS_DIR [--params FILE]."""
+    parser = argparse.ArgumentParser(prog=f"python -m stages.train_{name}",
+                                     description=f"Train the {name} model on prepared data (a DVC stage).")
+    parser.add_argument("data_dir", type=Path, help="prepared data folder (train/val/test.safetensors, meta.json)")
+    parser.add_argument("model_dir", type=Path, help="where the trained model is written")
+    parser.add_argument("reports_dir", type=Path, help="where metrics.json and history.csv are written")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
+    dist_params = params.base.distributed
+    if dist_params.nproc_per_node * dist_params.nnodes > 1 and "LOCAL_RANK" not in os.environ:
+        from trainlab.distributed import torchrun_command
+
+        cmd = torchrun_command(dist_params, f"stages.train_{name}", argv)
+        print(f"{name}: launching {dist_params.nproc_per_node} x {dist_params.nnodes} processes: {' '.join(cmd)}",
+              flush=True)
+        os.execv(cmd[0], cmd)
+    from trainlab.training import train_task
+
+    outcome = train_task(name, params, args.data_dir, args.model_dir, args.reports_dir)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for all
+        return
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in outcome.test.items())
+    print(f"{name}: test {shown} ({outcome.seconds:.1f} s, {outcome.fit.samples_per_s:,.0f} samples/s)")
