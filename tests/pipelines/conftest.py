@@ -1,0 +1,218 @@
+"""Fixtures for the pipeline tests: a real Prefect server on 127.0.0.1, a tiny copy of this repo, fake DVC repos."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SERVER_STARTUP_TIMEOUT_S = 240   # the first start migrates a fresh SQLite DB; slow on a busy 2-core machine
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
+                "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
+
+# Small enough that a whole pipeline runs in about a minute on 2 busy cores (evaluate/profile included once added).
+TINY_PARAMS = {
+    "base": {"num_workers": 0},
+    "classifier": {"width": 4, "epochs": 1, "max_steps": 2, "batch_size": 4, "warmup_epochs": 0},
+    "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 2, "warmup_epochs": 0},
+    "text": {"d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
+             "batch_size": 4, "warmup_epochs": 0, "baseline_max_features": 50},
+    "evaluate": {"batch_size": 64, "n_examples": 1},
+    "profile": {"batch_size": 2, "warmup_steps": 0, "steps": 1, "repeats": 1, "trace": False, "compile": False},
+}
+
+
+@dataclass
+class PrefectServer:
+    api_url: str
+    home: Path
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def stop_process_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Stop a process started with start_new_session=True, and its children, by its own group id."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
+    env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+           "PREFECT_SERVER_UI_ENABLED": "false", "DVC_NO_ANALYTICS": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+           # schedule quickly so a served flow's first run comes within seconds
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "2",
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` on a free 127.0.0.1 port for the whole session; stopped at the end."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log = home / "server.log"
+    env = {**os.environ, **prefect_env(home)}
+    env.pop("PREFECT_API_URL", None)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S
+        while not healthy(api_url):
+            if proc.poll() is not None:
+                pytest.fail(f"prefect server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"prefect server not healthy after {SERVER_STARTUP_TIMEOUT_S} s:\n"
+                            f"{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield PrefectServer(api_url, home, log)
+    finally:
+        stop_process_group(proc, signal.SIGTERM)
+    assert proc.poll() is not None, "the Prefect server started by the tests is still running"
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server):
+    """Point this process (settings) and its subprocesses (environment) at the test server."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in prefect_env(prefect_server.home, prefect_server.api_url).items():
+            mp.setenv(key, value)
+        with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url, PREFECT_HOME: prefect_server.home}):
+            yield prefect_server
+
+
+# --- repositories ----------------------------------------------------------------------------------------------------
+
+def git(args: list[str], cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_IDENTITY}).stdout
+
+
+def dvc(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([str(BIN / "dvc"), *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dvc {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def commit_all(root: Path, message: str = "test repo") -> None:
+    git(["add", "-A"], root)
+    git(["commit", "--quiet", "--no-verify", "-m", message], root)
+
+
+def copy_worktree(src: Path, dst: Path) -> None:
+    """The files of the working tree (tracked and untracked, not ignored) as they are now."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=src,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        if (src / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def make_tiny_repo(dst: Path) -> Path:
+    """A copy of this repo (its own git history of one commit) on tiny user data and tiny params."""
+    from tests.data.factories import make_user_data, user_data_section
+
+    copy_worktree(REPO, dst)
+    data = make_user_data(dst / "data" / "raw" / "user")
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    section = user_data_section(data.relative_to(dst))
+    deep_merge(params, {"data": section, **TINY_PARAMS})
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for leftover in ("dvc.lock", "mlflow.db"):
+        (dst / leftover).unlink(missing_ok=True)
+    git(["init", "--quiet"], dst)
+    commit_all(dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory) -> Path:
+    """The tiny repo shared by the whole-pipeline tests (they build on each other's DVC and MLflow state)."""
+    return make_tiny_repo(tmp_path_factory.mktemp("tiny") / "repo")
+
+
+@pytest.fixture(scope="session")
+def tiny_env(tiny_repo, prefect_api):
+    """MLflow in the tiny repo's own SQLite store, for this process and every stage it starts."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tiny_repo / 'mlflow.db'}")
+        yield tiny_repo
+
+
+@pytest.fixture(scope="session")
+def first_pipeline_run(tiny_env):
+    """The pipeline flow run once on the fresh tiny repo (every stage runs)."""
+    from pipelines.flow import pipeline
+
+    started = time.perf_counter()
+    summary = pipeline(root=str(tiny_env), retries=0)
+    return summary, time.perf_counter() - started
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text).lstrip())
+
+
+def make_fake_repo(root: Path, files: dict[str, str]) -> Path:
+    """A Git + DVC repo of tiny Python stages (no torch): for retries, failures, skips and experiments."""
+    root.mkdir(parents=True)
+    git(["init", "--quiet"], root)
+    dvc(["init", "--quiet"], root)
+    write_files(root, {"params.yaml": "base:\n  seed: 1  # kept comment\ntracking:\n  enabled: false\n", **files})
+    commit_all(root)
+    return root

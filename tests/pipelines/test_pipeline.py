@@ -1,0 +1,54 @@
+"""The real pipeline on tiny params and data as a Prefect flow: every stage runs under one MLflow run, then all skip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.dag import read_stages
+from tests.pipelines.conftest import dvc
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def mlflow_client(repo):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+
+
+def test_first_run_executes_every_stage_under_one_parent_mlflow_run(first_pipeline_run, tiny_repo):
+    summary, seconds = first_pipeline_run
+    stages = [s.name for s in read_stages(tiny_repo)]
+    print(f"first pipeline run: {seconds:.1f} s")
+
+    assert summary["ok"] and [s["stage"] for s in summary["stages"]] == stages
+    assert all(s["status"] == "ran" and s["seconds"] > 0 for s in summary["stages"]), summary["stages"]
+    by_stage = {s["stage"]: s for s in summary["stages"]}
+    assert 0 <= by_stage["train_classifier"]["metrics"]["test_accuracy"] <= 1
+    assert "test_mean_iou" in by_stage["train_segmenter"]["metrics"]
+
+    client = mlflow_client(tiny_repo)
+    parent = client.get_run(summary["mlflow_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["stage"] == "pipeline"
+    assert parent.data.tags["stage_status.train_text"] == "ran"
+    assert parent.data.metrics["train_classifier.seconds"] == pytest.approx(by_stage["train_classifier"]["seconds"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {r.data.tags["stage"] for r in children} >= {"prepare", "train_classifier", "train_segmenter", "train_text"}
+    assert by_stage["train_classifier"]["mlflow_run_id"] in {r.info.run_id for r in children}
+    logged = json.loads((tiny_repo / client.download_artifacts(parent.info.run_id, "pipeline_summary.json",
+                                                               str(tiny_repo / ".."))).read_text())
+    assert [s["status"] for s in logged["stages"]] == ["ran"] * len(stages)
+
+
+def test_second_run_skips_every_stage_and_leaves_dvc_status_clean(first_pipeline_run, tiny_env):
+    from pipelines.flow import pipeline
+
+    summary = pipeline(root=str(tiny_env), retries=0)
+
+    assert summary["ok"]
+    assert {s["status"] for s in summary["stages"]} == {"skipped"}, summary["stages"]
+    assert "up to date" in dvc(["status"], tiny_env).stdout
+    assert "test_accuracy" in {k for s in summary["stages"] for k in s["metrics"]}  # read from the workspace

@@ -1,0 +1,59 @@
+"""A 4-point sweep with concurrency 2 on the tiny repo: 4 DVC experiments and 4 MLflow runs with distinct params."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.pipelines.conftest import dvc
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+GRID = {"classifier.lr": [0.001, 0.002], "classifier.weight_decay": [0.0, 0.01]}
+
+
+def overlapping(intervals: list[tuple[int, int]]) -> bool:
+    """Whether at least two (start, end) intervals overlap in time."""
+    ordered = sorted(intervals)
+    return any(later[0] < earlier[1] for earlier, later in zip(ordered, ordered[1:]))
+
+
+def test_sweep_runs_points_two_at_a_time_as_experiments_and_mlflow_runs(first_pipeline_run, tiny_env):
+    import mlflow
+
+    from pipelines.sweep import sweep
+
+    params_before = (tiny_env / "params.yaml").read_text()
+    summary = sweep(grid=GRID, concurrency=2, name="grid", targets=["train_classifier"], root=str(tiny_env))
+
+    assert summary["ok"] and [p["name"] for p in summary["points"]] == ["grid-01", "grid-02", "grid-03", "grid-04"]
+    for point in summary["points"]:
+        statuses = {s["stage"]: s["status"] for s in point["stages"]}
+        assert statuses == {"prepare": "skipped", "train_classifier": "ran"}, statuses
+
+    # every point is a DVC experiment with its own params
+    shown = json.loads(dvc(["exp", "show", "--json"], tiny_env).stdout)
+    exps = {e["name"]: e["data"] for b in shown for exp in (b.get("experiments") or []) for e in exp["revs"]}
+    points = {n: exps[n]["params"]["params.yaml"]["data"]["classifier"] for n in
+              ("grid-01", "grid-02", "grid-03", "grid-04")}
+    assert {(p["lr"], p["weight_decay"]) for p in points.values()} == {(0.001, 0.0), (0.001, 0.01),
+                                                                        (0.002, 0.0), (0.002, 0.01)}
+    assert all("test_accuracy" in exps[n]["metrics"]["reports/classifier/metrics.json"]["data"] for n in points)
+
+    # every point is an MLflow run with its params, its training run nested under it; two ran at once
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tiny_env / 'mlflow.db'}")
+    runs = [client.get_run(p["mlflow_run_id"]) for p in summary["points"]]
+    assert {(r.data.params["classifier.lr"], r.data.params["classifier.weight_decay"]) for r in runs} == {
+        ("0.001", "0.0"), ("0.001", "0.01"), ("0.002", "0.0"), ("0.002", "0.01")}
+    assert {r.data.params["dvc_experiment"] for r in runs} == set(points)
+    assert overlapping([(r.info.start_time, r.info.end_time) for r in runs])
+    trained = [client.search_runs([r.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{r.info.run_id}'")
+               for r in runs]
+    assert [len(t) for t in trained] == [1, 1, 1, 1]
+    assert len({t[0].data.params["classifier.lr"] + "/" + t[0].data.params["classifier.weight_decay"]
+                for t in trained}) == 4
+
+    # the workspace itself is untouched
+    assert (tiny_env / "params.yaml").read_text() == params_before
+    assert "up to date" in dvc(["status"], tiny_env).stdout
