@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 import torch
 
@@ -34,7 +35,7 @@ class PeakMemory:
         while not self._stop.wait(self.interval_s):
             self._peak_bytes = max(self._peak_bytes, self._rss())
 
-    def __enter__(self) -> PeakMemory:
+    def __enter__(self) -> Self:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -59,7 +60,7 @@ class PeakMemory:
         self.peak_mb = self._peak_bytes / MB
 
 
-def write_cuda_memory_snapshot(step: Callable[[], None], path: Path, max_entries: int = 100_000) -> bool:
+def write_cuda_memory_snapshot(step: Callable[[], None], path: Path, max_entries: int = 20_000) -> bool:
     """Record the CUDA allocator history over one call of `step` and write the snapshot as JSON (never a pickle).
 
     The JSON has the structure of torch.cuda.memory._snapshot() (segments, device_traces). Returns False when
@@ -69,7 +70,7 @@ def write_cuda_memory_snapshot(step: Callable[[], None], path: Path, max_entries
         return False
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
-                                             max_entries=max_entries)
+                                             max_entries=max_entries, clear_history=True)
     try:
         step()
         torch.cuda.synchronize()

@@ -29,17 +29,22 @@ def datasheet_key(precision: str, tf32: bool) -> str:
     return "tf32" if precision == "fp32" and tf32 else precision
 
 
+def datasheet_peak_for_name(device_name: str, key: str) -> float | None:
+    """The datasheet dense peak FLOP/s for a GPU name (as torch.cuda.get_device_name gives it) and a datasheet
+    key (bf16, fp16, tf32, fp32); None when the GPU or the key is not in the table."""
+    for pattern, peaks in DATASHEET_TFLOPS:
+        if pattern.lower() in device_name.lower():
+            value = peaks.get(key)
+            return value * 1e12 if value is not None else None
+    return None
+
+
 def datasheet_peak_flops(device: torch.device | str, precision: str, tf32: bool = False) -> float | None:
     """The datasheet dense peak FLOP/s of a known CUDA GPU in `precision`, or None (CPU, unknown GPU, no such dtype)."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(device)
-    for pattern, peaks in DATASHEET_TFLOPS:
-        if pattern.lower() in name.lower():
-            value = peaks.get(datasheet_key(precision, tf32))
-            return value * 1e12 if value is not None else None
-    return None
+    return datasheet_peak_for_name(torch.cuda.get_device_name(device), datasheet_key(precision, tf32))
 
 
 def synchronize(device: torch.device) -> None:

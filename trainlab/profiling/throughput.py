@@ -109,15 +109,37 @@ def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, see
     return Steps(model, train, infer)
 
 
-def time_step(step: Callable[[], None], device: torch.device, steps: int, warmup: int,
-              repeats: int) -> tuple[list[float], float]:
-    """Seconds per step for each of `repeats` timed runs of `steps` steps (synchronised), after `warmup` untimed
-    steps; and the warm-up's seconds (compilation shows up there)."""
+@dataclass
+class Timing:
+    """Seconds per step of each timed repeat, the steps per repeat, and the warm-up that preceded them."""
+
+    per_step: list[float]
+    steps: int
+    warmup_steps: int
+    warmup_s: float
+
+
+def time_step(step: Callable[[], None], device: torch.device, steps: int, warmup: int, repeats: int,
+              budget_s: float | None = None) -> Timing:
+    """Time `repeats` runs of `steps` calls of `step` (synchronised at the end of each run) after `warmup`
+    untimed calls.
+
+    With `budget_s`, the warm-up stops (after at least one call) once it has used a quarter of the budget, and
+    each run is shortened to the steps that fit in the rest (at least one), judged by the last warm-up call: a
+    slow model on a small CPU then still gets every repeat, with fewer but long (so well-timed) steps.
+    """
     t0 = time.perf_counter()
-    for _ in range(warmup):
+    done, last = 0, None
+    while done < warmup:
+        start = time.perf_counter()
         step()
-    synchronize(device)
+        synchronize(device)
+        last, done = time.perf_counter() - start, done + 1
+        if budget_s is not None and time.perf_counter() - t0 > 0.25 * budget_s:
+            break
     warmup_s = time.perf_counter() - t0
+    if budget_s is not None and last is not None:
+        steps = max(1, min(steps, int(0.75 * budget_s / repeats / max(last, 1e-9))))
     per_step = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -125,38 +147,43 @@ def time_step(step: Callable[[], None], device: torch.device, steps: int, warmup
             step()
         synchronize(device)
         per_step.append((time.perf_counter() - start) / steps)
-    return per_step, warmup_s
+    return Timing(per_step, steps, done, warmup_s)
 
 
-def _summary(prefix: str, per_step: list[float], batch_size: int, warmup_s: float, peak_mb: float) -> dict:
-    rates = [batch_size / t for t in per_step]
+def _summary(prefix: str, timing: Timing, batch_size: int, peak_mb: float) -> dict[str, float]:
+    rates = [batch_size / t for t in timing.per_step]
     median = statistics.median(rates)
     return {
         f"{prefix}_samples_per_s": median,
-        f"{prefix}_step_ms": statistics.median(per_step) * 1e3,
+        f"{prefix}_step_ms": statistics.median(timing.per_step) * 1e3,
         f"{prefix}_spread": (max(rates) - min(rates)) / median,  # relative spread of the repeats: the noise
-        f"{prefix}_warmup_s": warmup_s,
+        f"{prefix}_steps": timing.steps,
+        f"{prefix}_warmup_steps": timing.warmup_steps,
+        f"{prefix}_warmup_s": timing.warmup_s,
         f"{prefix}_peak_memory_mb": peak_mb,
     }
 
 
+def measure_steps(built: Steps, device: torch.device, batch_size: int, steps: int, warmup: int, repeats: int,
+                  budget_s: float | None = None) -> dict[str, float]:
+    """Time the training step, then the inference step, of `built` (see measure_throughput for the keys)."""
+    result: dict[str, float] = {}
+    for phase, step in (("train", built.train), ("infer", built.infer)):
+        with PeakMemory(device) as memory:
+            timing = time_step(step, device, steps, warmup, repeats, budget_s)
+        result.update(_summary(phase, timing, batch_size, memory.peak_mb))
+    return result
+
+
 def measure_throughput(task: Task, runtime: Runtime, batch: Batch, steps: int, warmup: int, repeats: int,
-                       cfg: TrainParams | None = None, seed: int = 0) -> dict[str, float]:
+                       cfg: TrainParams | None = None, seed: int = 0,
+                       budget_s: float | None = None) -> dict[str, float]:
     """Train and inference samples/s (medians over `repeats` runs of `steps` steps, warm-up excluded), step
     times, spread and peak memory of `task` under `runtime`, on `batch` (already on the device).
 
-    `cfg` supplies the optimizer, grad clipping and augmentation (default: TrainParams()). Keys:
-    train_/infer_ + samples_per_s, step_ms, spread, warmup_s, peak_memory_mb.
+    `cfg` supplies the optimizer, grad clipping and augmentation (default: TrainParams()). `budget_s` caps the
+    seconds of each of the two measurements (see time_step). Keys: train_/infer_ + samples_per_s, step_ms,
+    spread, steps (timed per repeat), warmup_steps, warmup_s, peak_memory_mb. `task.model` is not modified.
     """
-    cfg = cfg or TrainParams()
-    batch_size = len(next(iter(batch.values())))
-    result: dict[str, float] = {}
-    with PeakMemory(runtime.device) as memory:
-        built = make_steps(task, runtime, batch, cfg, seed)
-        per_step, warmup_s = time_step(built.train, runtime.device, steps, warmup, repeats)
-    result.update(_summary("train", per_step, batch_size, warmup_s, memory.peak_mb))
-    with PeakMemory(runtime.device) as memory:
-        per_step, warmup_s = time_step(built.infer, runtime.device, steps, warmup, repeats)
-    result.update(_summary("infer", per_step, batch_size, warmup_s, memory.peak_mb))
-    del built
-    return result
+    built = make_steps(task, runtime, batch, cfg or TrainParams(), seed)
+    return measure_steps(built, runtime.device, len(next(iter(batch.values()))), steps, warmup, repeats, budget_s)

@@ -1,0 +1,45 @@
+"""DVC stage `profile`: throughput, FLOPs, MFU, memory and traces of the trained models (reports/profile/)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainlab.cli import run_cli
+from trainlab.config import DEFAULT_PARAMS, load_params
+
+TASKS = ("classifier", "segmenter", "text")  # trainlab.profiling.stage.TASKS, named here to keep torch unloaded
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m stages.profile", description=__doc__)
+    parser.add_argument("data_dir", type=Path, help="prepared data root (classification/, segmentation/, text/)")
+    parser.add_argument("models_dir", type=Path, help="trained models root (classifier/, segmenter/, text/)")
+    parser.add_argument("out_dir", type=Path, help="where the profile is written (replaced whole on success)")
+    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
+    parser.add_argument("--tasks", default=",".join(TASKS),
+                        help=f"comma-separated models to profile (default: {','.join(TASKS)})")
+    args = parser.parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = sorted(set(args.tasks) - set(TASKS))
+    if unknown or not args.tasks:
+        parser.error(f"--tasks: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    params = load_params(args.params)  # bad params fail here, before torch is imported
+    if params.tracking.enabled:
+        from trainlab.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(params, check=True)  # an unreachable server too (or its local fallback)
+        if uri != resolve_tracking_uri(params):
+            params.tracking.uri = uri
+    from trainlab.profiling.stage import profile_models
+
+    profile_models(params, args.data_dir, args.models_dir, args.out_dir, tasks=args.tasks)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,210 @@
+"""trainlab.profiling: FLOP counts against formulas, peaks, the settings matrix, timing, memory and traces."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab.config import BaseParams, ClassifierParams, Params, TrainParams
+from trainlab.profiling import (
+    PeakMemory,
+    count_flops,
+    datasheet_peak_flops,
+    flops_per_step,
+    matmul_peak_flops,
+    measure_throughput,
+    setting_name,
+    settings_matrix,
+    time_step,
+)
+from trainlab.profiling.peaks import datasheet_peak_for_name
+from trainlab.profiling.report import DeviceProfile, ModelProfile, markdown_report, metrics_dict
+from trainlab.profiling.traces import trace_step
+from trainlab.runtime import Runtime, resolve_runtime
+
+
+def cpu_runtime(**changes) -> Runtime:
+    base = Runtime(device=torch.device("cpu"), precision="fp32", channels_last=False, compile=False, tf32=False,
+                   deterministic=True, cudnn_benchmark=False)
+    return dataclasses.replace(base, **changes)
+
+
+def tiny_classifier_task():
+    from trainlab.training import build_task
+
+    params = Params(classifier=ClassifierParams(width=8))
+    return build_task("classifier", params, {"num_classes": 10, "channels": 1})
+
+
+def image_batch(n: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"images": torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g),
+            "labels": torch.randint(0, 10, (n,), generator=g)}
+
+
+# --- FLOPs -------------------------------------------------------------------------------------------------------
+
+
+def test_linear_flops_match_the_formula():
+    n, fan_in, fan_out = 32, 64, 48
+    layer = nn.Linear(fan_in, fan_out)
+    x = torch.randn(n, fan_in)
+    assert count_flops(lambda: layer(x)) == 2 * n * fan_in * fan_out
+    # backward: grad of the input and of the weight, each another 2*N*in*out
+    x.requires_grad_(True)
+    assert count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * n * fan_in * fan_out
+
+
+def test_cpu_attention_kernel_is_counted():
+    b, h, length, d = 2, 4, 16, 8
+    q, k, v = (torch.randn(b, h, length, d) for _ in range(3))
+    mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    with torch.no_grad():
+        flops = count_flops(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert flops == 2 * (2 * b * h * length * length * d)  # q @ k^T and att @ v
+
+
+def test_flops_per_step_extrapolates_exactly():
+    task = tiny_classifier_task()
+    batch = image_batch(8)
+    flops = flops_per_step(task, batch)
+    model = task.model.train()
+    x = batch["images"].float()
+    full_infer = count_flops(lambda: model.eval()(x))
+    assert flops["infer"] == full_infer
+    assert 2.0 < flops["train"] / flops["infer"] <= 3.0  # no input gradient for the first conv
+    assert all(p.grad is None for p in task.model.parameters())
+
+
+# --- peaks -------------------------------------------------------------------------------------------------------
+
+
+def test_matmul_peak_on_cpu_is_positive():
+    peak = matmul_peak_flops("cpu", torch.float32, repeats=2, sizes=(64, 128))
+    assert math.isfinite(peak) and peak > 1e6
+
+
+@pytest.mark.parametrize(("name", "key", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H200", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.0),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+    ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA L40S", "bf16", 362.1),
+    ("Tesla T4", "fp16", 65.0),
+])
+def test_datasheet_peaks_match_by_name(name, key, tflops):
+    assert datasheet_peak_for_name(name, key) == pytest.approx(tflops * 1e12)
+
+
+def test_datasheet_peak_unknown_or_cpu_is_none():
+    assert datasheet_peak_for_name("Some Future GPU", "bf16") is None
+    assert datasheet_peak_for_name("Tesla T4", "bf16") is None
+    assert datasheet_peak_flops("cpu", "bf16") is None
+
+
+# --- settings, timing, throughput ----------------------------------------------------------------------------------
+
+
+def test_settings_matrix(monkeypatch):
+    from trainlab.profiling import throughput
+
+    monkeypatch.setattr(throughput, "cpu_supports_bf16", lambda: True)
+    base = cpu_runtime(precision="bf16", channels_last=True)
+    assert list(settings_matrix(base, conv=True, compile=False)) == [
+        "fp32", "fp32_channels_last", "bf16", "bf16_channels_last"]
+    assert list(settings_matrix(base, conv=False, compile=True)) == ["fp32", "bf16", "bf16_compile"]
+    monkeypatch.setattr(throughput, "cpu_supports_bf16", lambda: False)
+    assert list(settings_matrix(base, conv=True, compile=True)) == [
+        "fp32", "fp32_channels_last", "fp32_channels_last_compile"]
+    assert setting_name(cpu_runtime(channels_last=True), conv=False) == "fp32"
+
+
+def test_time_step_fits_a_budget():
+    calls = []
+
+    def slow_step():
+        calls.append(1)
+        time.sleep(0.05)
+
+    timing = time_step(slow_step, torch.device("cpu"), steps=10, warmup=5, repeats=2, budget_s=0.4)
+    assert 1 <= timing.warmup_steps < 5
+    assert 1 <= timing.steps <= 3
+    assert len(timing.per_step) == 2 and all(t >= 0.045 for t in timing.per_step)
+    assert len(calls) == timing.warmup_steps + 2 * timing.steps
+    full = time_step(lambda: None, torch.device("cpu"), steps=4, warmup=2, repeats=3)
+    assert (full.steps, full.warmup_steps, len(full.per_step)) == (4, 2, 3)
+
+
+def test_measure_throughput_runs_the_real_step_on_a_copy():
+    task = tiny_classifier_task()
+    before = {k: v.clone() for k, v in task.model.state_dict().items()}
+    result = measure_throughput(task, cpu_runtime(channels_last=True), image_batch(8), steps=2, warmup=1,
+                                repeats=2, cfg=TrainParams(lr=0.1))
+    for phase in ("train", "infer"):
+        assert result[f"{phase}_samples_per_s"] > 0
+        assert result[f"{phase}_step_ms"] > 0
+        assert result[f"{phase}_peak_memory_mb"] > 0
+        assert result[f"{phase}_steps"] == 2 and result[f"{phase}_warmup_steps"] == 1
+    after = task.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_make_steps_updates_the_weights():
+    from trainlab.profiling import make_steps
+
+    task = tiny_classifier_task()
+    built = make_steps(task, resolve_runtime(BaseParams(device="cpu", precision="fp32")), image_batch(8),
+                       TrainParams(lr=0.1))
+    before = [p.detach().clone() for p in built.model.parameters()]
+    built.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, built.model.parameters(), strict=True))
+    assert built.model is not task.model
+
+
+# --- memory, traces, report ----------------------------------------------------------------------------------------
+
+
+def test_peak_memory_sees_a_large_allocation():
+    with PeakMemory(torch.device("cpu")) as idle:
+        time.sleep(0.02)
+    with PeakMemory(torch.device("cpu")) as busy:
+        big = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
+        time.sleep(0.03)
+        del big
+    assert busy.peak_mb >= idle.peak_mb + 48
+
+
+def test_trace_step_writes_chrome_trace_and_top_ops(tmp_path):
+    layer = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    trace_step(lambda: layer(x).sum().backward(), torch.device("cpu"), tmp_path / "t.json", tmp_path / "ops.txt",
+               title="linear")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    text = (tmp_path / "ops.txt").read_text()
+    assert text.startswith("linear") and "aten::addmm" in text
+
+
+def test_metrics_and_report_layout():
+    device = DeviceProfile("cpu", "test cpu", 2, "process_rss", {"fp32": 1e11}, {}, torch.__version__)
+    m = {"train_samples_per_s": 100.0, "infer_samples_per_s": 300.0, "train_step_ms": 80.0, "infer_step_ms": 26.7,
+         "train_gflop_per_step": 1.0, "infer_gflop_per_step": 0.34, "train_achieved_gflop_per_s": 12.5,
+         "infer_achieved_gflop_per_s": 12.75, "train_mfu": 0.125, "infer_mfu": 0.1275, "train_peak_memory_mb": 900,
+         "infer_peak_memory_mb": 850, "train_spread": 0.05, "infer_spread": 0.1, "train_steps": 5,
+         "infer_steps": 5, "train_warmup_s": 0.3, "train_warmup_steps": 3}
+    model = ModelProfile("classifier", "resnet_small", 1000, {"train": 10**9, "infer": 34 * 10**7},
+                         settings={"fp32": m})
+    metrics = metrics_dict(device, [model], 12.345)
+    assert metrics["classifier"]["fp32"]["train_mfu"] == 0.125
+    assert "train_steps" not in metrics["classifier"]["fp32"]  # run details stay in the report
+    assert metrics["device"]["matmul_peak_fp32_gflop_per_s"] == 100.0
+    report = markdown_report(device, [model], 8, 5, 3, 3, 12.3)
+    assert "| `fp32` | 100 | 300 |" in report and "12.5%" in report

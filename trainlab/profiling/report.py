@@ -1,0 +1,193 @@
+"""The profile's numbers and outputs: achieved FLOP/s and MFU, metrics.json for DVC, a markdown report, a bar chart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The per-setting keys of metrics.json, in order (the _datasheet ones only on a known GPU).
+METRIC_KEYS = (
+    "train_samples_per_s", "infer_samples_per_s", "train_step_ms", "infer_step_ms",
+    "train_gflop_per_step", "infer_gflop_per_step", "train_achieved_gflop_per_s", "infer_achieved_gflop_per_s",
+    "train_mfu", "infer_mfu", "train_mfu_datasheet", "infer_mfu_datasheet",
+    "train_peak_memory_mb", "infer_peak_memory_mb", "train_spread", "infer_spread",
+)
+
+
+@dataclass
+class ModelProfile:
+    """What was measured for one model: per-setting numbers, FLOPs, skipped settings, trace files."""
+
+    task: str
+    arch: str
+    parameters: int
+    flops: dict[str, int]  # train / infer, per step
+    settings: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # setting -> why
+    trace_setting: str | None = None
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeviceProfile:
+    """The machine: device, name, threads, and peak FLOP/s per precision (measured and datasheet)."""
+
+    device: str
+    name: str
+    threads: int
+    memory_kind: str
+    matmul_peak: dict[str, float]  # precision -> FLOP/s
+    datasheet_peak: dict[str, float]  # precision -> FLOP/s (known GPUs only)
+    torch_version: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _round(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def metrics_dict(device: DeviceProfile, models: list[ModelProfile], seconds: float) -> dict[str, Any]:
+    """{"device": {...peaks}, "<task>": {"<setting>": {metric: value}}, "stage_seconds": s}; numbers only."""
+    out: dict[str, Any] = {"device": {}}
+    for precision, flops in device.matmul_peak.items():
+        out["device"][f"matmul_peak_{precision}_gflop_per_s"] = _round(flops / 1e9)
+    for precision, flops in device.datasheet_peak.items():
+        out["device"][f"datasheet_peak_{precision}_gflop_per_s"] = _round(flops / 1e9)
+    for model in models:
+        out[model.task] = {name: {k: _round(m[k]) for k in METRIC_KEYS if k in m}
+                           for name, m in model.settings.items()}
+    out["stage_seconds"] = round(seconds, 1)
+    return out
+
+
+def derived(m: dict[str, float], flops: dict[str, int], batch_size: int, peak: float,
+            sheet: float | None) -> dict[str, float]:
+    """FLOPs per step, achieved FLOP/s and MFU (measured and datasheet peak) from a throughput measurement."""
+    out = dict(m)
+    for phase in ("train", "infer"):
+        achieved = flops[phase] * m[f"{phase}_samples_per_s"] / batch_size
+        out[f"{phase}_gflop_per_step"] = flops[phase] / 1e9
+        out[f"{phase}_achieved_gflop_per_s"] = achieved / 1e9
+        out[f"{phase}_mfu"] = achieved / peak
+        if sheet:
+            out[f"{phase}_mfu_datasheet"] = achieved / sheet
+    return out
+
+
+def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Nested metrics as MLflow keys: classifier/bf16_channels_last/train_mfu."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}/{key}" if prefix else key
+        if isinstance(value, dict):
+            flat.update(flat_metrics(value, name))
+        elif isinstance(value, (int, float)):
+            flat[name] = float(value)
+    return flat
+
+
+def _fmt(value: float | None, kind: str = "") -> str:
+    if value is None:
+        return "–"
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def markdown_report(device: DeviceProfile, models: list[ModelProfile], batch_size: int, steps: int,
+                    warmup: int, repeats: int, seconds: float) -> str:
+    """A readable report: the device and its peaks, then one table per model, then how to read it."""
+    lines = [
+        "# Profile", "",
+        (f"Device **{device.device}** ({device.name}, {device.threads} threads), torch {device.torch_version}. "
+         f"Batch {batch_size} from the test split, on the device; up to {warmup} warm-up steps (excluded), then "
+         f"the median of {repeats} timed runs of up to {steps} steps. Profiling took {seconds:.0f} s."), "",
+        "## Peak matmul FLOP/s", "",
+        "| precision | measured (square matmul) GFLOP/s | datasheet GFLOP/s |",
+        "|---|---:|---:|",
+    ]
+    for precision, flops in device.matmul_peak.items():
+        sheet = device.datasheet_peak.get(precision)
+        lines.append(f"| {precision} | {_fmt(flops / 1e9)} | {_fmt(sheet / 1e9) if sheet else '–'} |")
+    lines.append("")
+    has_sheet = bool(device.datasheet_peak)
+    for model in models:
+        lines += [
+            f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "",
+            (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
+             f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step."), "",
+        ]
+        header = ["setting", "train samples/s", "infer samples/s", "train step ms", "train GFLOP/s", "train MFU",
+                  "infer MFU"]
+        if has_sheet:
+            header += ["train MFU (datasheet)", "infer MFU (datasheet)"]
+        header += ["train peak MB", "infer peak MB", "spread (train/infer)", "steps × repeats (train/infer)",
+                   "warm-up s (train)"]
+        lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        for name, m in model.settings.items():
+            row = [f"`{name}`", _fmt(m["train_samples_per_s"]), _fmt(m["infer_samples_per_s"]),
+                   _fmt(m["train_step_ms"]), _fmt(m["train_achieved_gflop_per_s"]), _fmt(m["train_mfu"], "pct"),
+                   _fmt(m["infer_mfu"], "pct")]
+            if has_sheet:
+                row += [_fmt(m.get("train_mfu_datasheet"), "pct"), _fmt(m.get("infer_mfu_datasheet"), "pct")]
+            row += [_fmt(m["train_peak_memory_mb"]), _fmt(m["infer_peak_memory_mb"]),
+                    f"{_fmt(m['train_spread'], 'pct')} / {_fmt(m['infer_spread'], 'pct')}",
+                    f"{int(m['train_steps'])}×{repeats} / {int(m['infer_steps'])}×{repeats}",
+                    f"{m['train_warmup_s']:.1f}"]
+            lines.append("| " + " | ".join(row) + " |")
+        if model.settings:
+            best = max(model.settings, key=lambda s: model.settings[s]["train_samples_per_s"])
+            base = model.settings.get("fp32")
+            if base and best != "fp32":
+                speedup = model.settings[best]["train_samples_per_s"] / base["train_samples_per_s"]
+                lines += ["", f"Fastest training setting: `{best}`, {speedup:.2f}x the fp32 throughput."]
+        for name, why in model.skipped.items():
+            lines += ["", f"Skipped `{name}`: {why}"]
+        if model.files:
+            traced = f" (one training step, setting `{model.trace_setting}`)" if model.trace_setting else ""
+            lines += ["", "Files" + traced + ": " + ", ".join(f"`{f}`" for f in model.files)]
+        lines.append("")
+    lines += [
+        "## How to read this", "",
+        "- MFU = achieved FLOP/s ÷ peak FLOP/s of the setting's precision. Achieved FLOP/s = FLOPs per step "
+        "(torch.utils.flop_counter: matmuls, convolutions, attention; the optimizer update is not counted) × "
+        "steps per second. The peak is a square matmul measured in the same run and dtype"
+        + (", and the datasheet dense peak of this GPU." if has_sheet else "."),
+        "- Peak memory is the " + ("CUDA caching allocator's peak (allocated bytes)." if device.memory_kind ==
+                                   "cuda_allocator" else "process resident set size (RSS), sampled every 5 ms: it "
+                                   "includes the Python interpreter and the libraries."),
+        "- Spread = (max − min) ÷ median of the repeats' throughput: large values mean a noisy (shared) machine.",
+    ]
+    lines += [f"- {note}" for note in device.notes]
+    return "\n".join(lines) + "\n"
+
+
+def throughput_chart(models: list[ModelProfile], path: Path) -> None:
+    """A PNG bar chart: one panel per model, train and inference samples/s per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [m for m in models if m.settings]
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(4.8 * max(1, len(shown)), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], shown, strict=False):
+        names = list(model.settings)
+        xs = range(len(names))
+        train = [model.settings[n]["train_samples_per_s"] for n in names]
+        infer = [model.settings[n]["infer_samples_per_s"] for n in names]
+        width = 0.4
+        ax.bar([x - width / 2 for x in xs], train, width, label="train step")
+        ax.bar([x + width / 2 for x in xs], infer, width, label="inference")
+        ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names], fontsize=8)
+        ax.set_title(f"{model.task} ({model.arch})")
+        ax.set_ylabel("samples/s")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Throughput per setting (median of repeats)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
