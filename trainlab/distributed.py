@@ -44,7 +44,7 @@ def torchrun_command(p: DistributedParams, module: str, argv: list[str]) -> list
     if p.nnodes == 1:
         cmd += ["--standalone"]
     else:
-        cmd += [f"--nnodes={p.nnodes}", f"--node_rank={p.node_rank}", "--rdzv_backend=c10d",
+        cmd += [f"--nnodes={p.nnodes}", f"--node_rank={p.node_rank}", "--rdzv_backend=static",
                 f"--rdzv_endpoint={p.rdzv_endpoint}"]
     return cmd + ["-m", module, *argv]
 
