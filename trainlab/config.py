@@ -158,7 +158,7 @@ class TrackingParams(Section):
     experiment: str = Field("trainlab", min_length=1)
     register_models: bool = True
     fallback_to_local: bool = False
-    connect_timeout_s: float = Field(10, gt=0, le=120)
+    connect_timeout_s: float = Field(5, gt=0, le=120)
 
 
 class ScheduleParams(Section):

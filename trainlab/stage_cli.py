@@ -1,4 +1,4 @@
-"""The command line shared by the training stages; params are validated before torch is imported (fast errors)."""
+"""The command line shared by the training stages; params and the MLflow server are checked before torch is imported."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ def train_stage_main(name: str, argv: list[str]) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    if params.tracking.enabled and os.environ.get("RANK", "0") == "0":
+        from trainlab.tracking import resolve_tracking_uri
+
+        # an unreachable MLflow server is reported now, before torch loads; a fallback to the local store is kept
+        uri = resolve_tracking_uri(params, check=True)
+        if uri != resolve_tracking_uri(params):
+            params.tracking.uri = uri
     dist_params = params.base.distributed
     if dist_params.nproc_per_node * dist_params.nnodes > 1 and "LOCAL_RANK" not in os.environ:
         from trainlab.distributed import torchrun_command

@@ -96,6 +96,32 @@ def _stringify(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Secrets: credentials come from the environment (MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY, ...) and are
+# never logged; a password inside a URL, or a value under a secret-looking key, is masked wherever we log or print.
+
+MASK = "***"
+_SECRET_KEY_RE = re.compile(r"(^|[_.-])(password|passwd|secret|token|api[_-]?key|access[_-]?key|secret[_-]?key|"
+                            r"credentials?|private[_-]?key)$", re.I)
+_URL_CREDENTIALS_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):(?P<password>[^/\s]*)@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every ``scheme://user:password@host`` URL in it masked."""
+    return _URL_CREDENTIALS_RE.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+
+
+def redact_value(key: str, value: Any) -> Any:
+    """A value to log under `key`: masked whole when the key names a secret, URL passwords masked otherwise."""
+    if isinstance(value, Mapping):
+        return {k: redact_value(str(k), v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_value(key, v) for v in value]
+    if _SECRET_KEY_RE.search(key.rsplit(".", 1)[-1]) and value not in (None, ""):
+        return MASK
+    return redact(value) if isinstance(value, str) else value
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Tracking URI
 
 
@@ -117,13 +143,14 @@ def resolve_tracking_uri(params: Params, check: bool = False) -> str:
         reason = _probe_health(uri, params.tracking.connect_timeout_s)
         if reason is not None:
             local = default_tracking_uri()
+            shown = redact(uri)
             if params.tracking.fallback_to_local:
-                print(f"warning: MLflow server {uri} ({source}) is unreachable ({reason}); "
+                print(f"warning: MLflow server {shown} ({source}) is unreachable ({reason}); "
                       f"logging to {local} instead (tracking.fallback_to_local is true)", file=sys.stderr)
                 return local
             raise TrackingUnavailable(
-                f"MLflow tracking server {uri} (from {source}) is unreachable: {reason} "
-                f"(probed {uri.rstrip('/')}/health, timeout {params.tracking.connect_timeout_s:g}s). "
+                f"MLflow tracking server {shown} (from {source}) is unreachable: {reason} "
+                f"(probed {shown.rstrip('/')}/health, timeout {params.tracking.connect_timeout_s:g}s). "
                 f"Start the server, or set `tracking.fallback_to_local: true` in params.yaml to log to {local}, "
                 f"or unset {'tracking.uri' if source == 'tracking.uri' else 'MLFLOW_TRACKING_URI'} "
                 "to use the local SQLite store.")
@@ -356,7 +383,7 @@ class MlflowTracker:
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 
-        items = [Param(k, v) for k, v in flatten_params(params).items()]
+        items = [Param(k, redact_value(k, v)) for k, v in flatten_params(params).items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
             _retry(self._client.log_batch, self.run_id, params=chunk)
 
@@ -386,7 +413,7 @@ class MlflowTracker:
         from mlflow.entities import RunTag
         from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 
-        items = [RunTag(str(k), _stringify(v)) for k, v in tags.items()]
+        items = [RunTag(str(k), redact_value(str(k), _stringify(v))) for k, v in tags.items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
             _retry(self._client.log_batch, self.run_id, tags=chunk)
 
@@ -401,7 +428,7 @@ class MlflowTracker:
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         """Log a JSON (``.json``) or YAML (``.yaml``/``.yml``) artifact."""
-        _retry(self._client.log_dict, self.run_id, data, artifact_file)
+        _retry(self._client.log_dict, self.run_id, redact_value("", data), artifact_file)
 
     def log_figure(self, fig: Any, artifact_file: str) -> None:
         """Log a matplotlib figure (PNG unless ``artifact_file`` names another image format)."""
@@ -580,8 +607,8 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
         if _run_exists(client, parent):
             run_tags["mlflow.parentRunId"] = parent
         else:
-            print(f"warning: parent run {parent} not found in {uri}; not nesting this run", file=sys.stderr)
-    run_tags.update({str(k): _stringify(v) for k, v in (tags or {}).items()})
+            print(f"warning: parent run {parent} not found in {redact(uri)}; not nesting this run", file=sys.stderr)
+    run_tags.update({str(k): redact_value(str(k), _stringify(v)) for k, v in (tags or {}).items()})
     run = _retry(client.create_run, experiment_id, tags=run_tags, run_name=run_name)
     tracker = MlflowTracker(client, run.info.run_id, experiment_id, uri, params.tracking.register_models)
 

@@ -18,11 +18,16 @@ from trainlab import distributed
 from trainlab.atomic import atomic_dir, atomic_path, write_json
 from trainlab.config import Params, TrainParams
 from trainlab.engine import FitResult, Task, evaluate, fit, scalars
+from trainlab.errors import DataError
 from trainlab.repro import environment, seed_everything
 from trainlab.runtime import Runtime, resolve_runtime
 
 TASK_SECTIONS = {"classifier": "classifier", "segmenter": "segmenter", "text": "text"}
 CHECKPOINT_ROOT = Path("checkpoints")
+# What each task reads from its prepared data: meta.json keys, and (inputs, targets) tensors of every split.
+REQUIRED_META = {"classifier": ("num_classes", "channels"), "segmenter": ("num_classes", "channels"),
+                 "text": ("num_classes", "vocab_size", "max_length")}
+REQUIRED_TENSORS = {"classifier": ("images", "labels"), "segmenter": ("images", "masks"), "text": ("tokens", "labels")}
 
 
 @dataclass
@@ -52,6 +57,52 @@ def build_task(name: str, params: Params, meta: dict) -> Task:
                                         max_length=meta["max_length"], pad_id=meta.get("pad_id", 0))
         return tasks.text_task(model, n, cfg.label_smoothing)
     raise ValueError(f"unknown task {name!r}")
+
+
+def check_prepared(name: str, data_dir: Path, meta: dict, splits: dict[str, dict[str, torch.Tensor]],
+                   batch_size: int) -> None:
+    """The prepared data fits the task: meta.json keys, every split's tensors present, non-empty, of one length,
+    shaped and typed as meta.json says, targets inside the classes; a DataError naming the file otherwise."""
+    from trainlab.data.prepared import split_path
+
+    meta_file = data_dir / "meta.json"
+    bad_meta = [k for k in REQUIRED_META[name] if not isinstance(meta.get(k), int) or meta[k] < 1]
+    if bad_meta:
+        raise DataError(f"{meta_file}: missing or invalid {', '.join(bad_meta)} (rerun `dvc repro prepare`)")
+    n = meta["num_classes"]
+    inputs_key, target_key = REQUIRED_TENSORS[name]
+    for split, tensors in splits.items():
+        path = split_path(data_dir, split)
+        absent = [k for k in (inputs_key, target_key) if k not in tensors]
+        if absent:
+            raise DataError(f"{path}: missing tensor(s) {', '.join(absent)} for the {name} (rerun `dvc repro prepare`)")
+        x, y = tensors[inputs_key], tensors[target_key]
+        if x.shape[0] == 0:
+            raise DataError(f"{path}: the {split} split is empty (0 samples)")
+        if x.shape[0] != y.shape[0]:
+            raise DataError(f"{path}: {x.shape[0]} {inputs_key} but {y.shape[0]} {target_key}; they must match")
+        if x.is_floating_point() or y.is_floating_point() or y.dtype == torch.bool:
+            raise DataError(f"{path}: {inputs_key} {x.dtype} / {target_key} {y.dtype}; the prepared format holds "
+                            "uint8 images and integer labels, masks and token ids")
+        if name == "text":
+            if x.ndim != 2 or x.shape[1] > meta["max_length"]:
+                raise DataError(f"{path}: tokens {tuple(x.shape)} do not fit max_length {meta['max_length']} "
+                                f"of {meta_file}")
+            low, high = int(x.min()), int(x.max())
+            if low < 0 or high >= meta["vocab_size"]:
+                raise DataError(f"{path}: token ids {low}..{high} outside the vocabulary of {meta['vocab_size']} "
+                                f"in {meta_file}")
+        elif x.ndim != 4 or x.shape[1] != meta["channels"]:
+            raise DataError(f"{path}: {inputs_key} {tuple(x.shape)} are not (N, {meta['channels']}, H, W) as "
+                            f"{meta_file} says")
+        elif name == "segmenter" and tuple(y.shape[1:]) != tuple(x.shape[2:]):
+            raise DataError(f"{path}: masks {tuple(y.shape)} do not match images {tuple(x.shape)}")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= n:
+            raise DataError(f"{path}: {target_key} {low}..{high} outside the {n} classes of {meta_file}")
+    if splits["train"][inputs_key].shape[0] < batch_size:
+        raise DataError(f"{split_path(data_dir, 'train')}: {splits['train'][inputs_key].shape[0]} training samples, "
+                        f"fewer than {name}.batch_size ({batch_size}): lower the batch size or add data")
 
 
 def fingerprint(params: Params, name: str, data_dir: Path) -> str:
@@ -105,6 +156,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     seed = params.base.seed
     meta = load_meta(data_dir)
     splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
+    check_prepared(name, data_dir, meta, splits, cfg.batch_size)
     runtime = runtime or resolve_runtime(params.base)
     ctx = distributed.setup(params.base.distributed, runtime.device.type)
     if ctx.enabled and runtime.device.type == "cuda":

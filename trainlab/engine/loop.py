@@ -19,11 +19,12 @@ from trainlab import distributed
 from trainlab.config import TrainParams
 from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.metrics import bincount_allowed
-from trainlab.engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
+                                       set_rng_state)
 from trainlab.engine.optim import build_optimizer, build_scheduler, param_groups
 from trainlab.engine.progress import Progress
 from trainlab.engine.task import Task
-from trainlab.errors import ParamsError, TrainingDiverged, UserError
+from trainlab.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
 from trainlab.repro import generator
 from trainlab.runtime import Runtime
 
@@ -163,19 +164,24 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
     train_time = 0.0
     ckpt = Path(checkpoint_path) if checkpoint_path else None
     resumed_from = 0
-    if ckpt is not None and ckpt.exists():
-        state = load_checkpoint(ckpt, map_location=device)
+    state = _load_if_present(ckpt, device)
+    if state is not None:
         if state.get("fingerprint") == fingerprint:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
-            if ema is not None and state.get("ema") is not None:
-                ema.load_state_dict(state["ema"])
-            epoch, step_in_epoch, update = state["epoch"], state["step_in_epoch"], state["update"]
-            history, train_time = list(state["history"]), state["train_time"]
-            loss_sum, seen = state["loss_sum"].to(device), state["seen"].to(device)
-            set_rng_state(state["rng"])
+            # same params and data, but the model code may have changed since: a clear error, not a traceback
+            load_model_state(model, state.get("model") or {}, str(ckpt))
+            try:
+                optimizer.load_state_dict(state["optimizer"])
+                scheduler.load_state_dict(state["scheduler"])
+                scaler.load_state_dict(state["scaler"])
+                if ema is not None and state.get("ema") is not None:
+                    ema.load_state_dict(state["ema"])
+                epoch, step_in_epoch, update = state["epoch"], state["step_in_epoch"], state["update"]
+                history, train_time = list(state["history"]), state["train_time"]
+                loss_sum, seen = state["loss_sum"].to(device), state["seen"].to(device)
+                set_rng_state(state["rng"])
+            except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
+                raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "
+                                      "delete it to train from the start") from None
             resumed_from = update
             print(f"{task.name}: resuming from {ckpt} at epoch {epoch + 1}, optimizer step {update}", flush=True)
         else:
@@ -274,6 +280,19 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
     return FitResult(model=final_model, history=history, final=history[-1] if history else {},
                      params_total=total_params, params_trainable=trainable, train_time_s=train_time,
                      samples_per_s=samples / max(train_time, 1e-9), resumed_from_step=resumed_from)
+
+
+def _load_if_present(ckpt: Path | None, device: torch.device) -> dict | None:
+    """The checkpoint's state, or None when there is none (or it vanished: another run of this task in the same
+    folder finished and removed it between our look and our read)."""
+    if ckpt is None or not ckpt.exists():
+        return None
+    try:
+        return load_checkpoint(ckpt, map_location=device)
+    except CheckpointError:
+        if ckpt.exists():
+            raise
+        return None
 
 
 def _raise_if_diverged(first_bad: torch.Tensor, name: str, ckpt: Path | None) -> None:

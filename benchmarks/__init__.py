@@ -1,0 +1,1 @@
+"""Speed benchmarks (figures, not pass/fail tests): engine vs plain loop vs Lightning, MFU, overhead, scaling."""

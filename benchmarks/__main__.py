@@ -1,0 +1,162 @@
+"""`python -m benchmarks`: run the benchmark parts, print one markdown report, write reports/bench/*.json and summary.md.
+
+    python -m benchmarks                       # everything (about 10 minutes on a quiet 2-core CPU)
+    python -m benchmarks --quick               # a smoke version (about 2-3 minutes)
+    python -m benchmarks --only classifier,mfu # some parts: classifier, segmenter, text, mfu, overhead, scaling
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DEFAULT_OUT, PartResult, environment, fmt, log, table, write_json, write_text
+
+TRAINING = ("classifier", "segmenter", "text")
+PARTS = (*TRAINING, "mfu", "overhead", "scaling")
+ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS}
+
+# The issue's targets for this 2-core CPU: (headline key, comparison, threshold, what).
+TARGETS = (
+    ("classifier_engine_over_plain", ">=", 2.5, "classifier: engine / plain loop throughput"),
+    ("classifier_engine_over_lightning", ">=", 2.0, "classifier: engine / Lightning throughput"),
+    ("classifier_max_accuracy_gap_points", "<=", 0.3, "classifier: test accuracy gap (points)"),
+    ("classifier_engine_mfu", ">=", 0.5, "classifier: engine MFU (of the measured matmul peak)"),
+    ("noop_dvc_repro_s", "<=", 1.5, "no-op `dvc repro` (s)"),
+    ("cold_start_s", "<=", 4.0, "stage cold start to the first training step (s)"),
+    ("prefect_overhead_fraction_default_pipeline", "<=", 0.10, "Prefect overhead / default pipeline wall time"),
+    ("prefect_overhead_fraction_tiny_pipeline", "<=", 0.10, "Prefect overhead / tiny pipeline wall time (stricter)"),
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small smoke version of every part")
+    parser.add_argument("--only", default="all",
+                        help=f"comma-separated parts: {', '.join(PARTS)} (or training = the three models)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per contender (at least 3 for the "
+                        "reported medians; fewer only for smoke tests)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available, else cpu) | cpu | cuda")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--epochs", type=int, default=0, help="epochs of every training comparison (0: the "
+                        "defaults of training_speed.SCALES; more epochs sharpen the accuracy comparison)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the engine's model as well")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON files and summary.md go")
+    parser.add_argument("--keep-workspace", action="store_true", help="keep the overhead part's repo copy")
+    args = parser.parse_args(argv)
+    parts: list[str] = []
+    for item in (x.strip() for x in args.only.split(",") if x.strip()):
+        if item in ALIASES:
+            parts += ALIASES[item]
+        elif item in PARTS:
+            parts.append(item)
+        else:
+            parser.error(f"--only: unknown part {item!r}; choose from {', '.join(PARTS)}, training, all")
+    args.parts = list(dict.fromkeys(parts))
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+# Below this test accuracy the classifier is too far from trained for an accuracy gap to mean anything.
+MEANINGFUL_ACCURACY = 0.9
+
+
+def check_targets(headline: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, op, threshold, what in TARGETS:
+        value = headline.get(key)
+        if value is None:
+            verdict = "not measured"
+        else:
+            ok = value >= threshold if op == ">=" else value <= threshold
+            verdict = "met" if ok else "MISSED"
+        shown = fmt(value, "pct") if "fraction" in key or key.endswith("_mfu") else (
+            fmt(value, "x") if "_over_" in key else fmt(value))
+        accuracy = headline.get("classifier_engine_test_accuracy")
+        if key == "classifier_max_accuracy_gap_points" and accuracy is not None:
+            shown += f" (engine at {100 * accuracy:.1f}%)"
+            if accuracy < MEANINGFUL_ACCURACY:
+                verdict = "not meaningful: undertrained"
+        limit = f"{op} {fmt(threshold, 'pct') if 'fraction' in key or key.endswith('_mfu') else threshold}"
+        rows.append([what, shown, limit, verdict])
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.perf_counter()
+    env = environment(torch.device(device))
+    log(f"parts {', '.join(args.parts)} on {env['device']} ({env['device_name']}, {env['torch_threads']} threads)"
+        f"{' [quick]' if args.quick else ''}; repeats {args.repeats}")
+    results: list[PartResult] = []
+    models = tuple(p for p in args.parts if p in TRAINING)
+    if models:
+        from benchmarks import training_speed
+
+        results.append(training_speed.run(args.quick, args.repeats, device, models, args.compile, args.epochs))
+    if "mfu" in args.parts:
+        from benchmarks import mfu
+
+        results.append(mfu.run(args.quick, args.repeats, device, compile=args.compile, out_dir=args.out))
+    if "scaling" in args.parts:
+        from benchmarks import scaling
+
+        results.append(scaling.run(args.quick, args.repeats, device))
+    if "overhead" in args.parts:
+        from benchmarks import overhead
+
+        results.append(overhead.run(args.quick, args.repeats, keep=args.keep_workspace))
+
+    seconds = time.perf_counter() - started
+    headline: dict[str, Any] = {}
+    for r in results:
+        headline.update(r.headline)
+    settings = {"quick": args.quick, "repeats": args.repeats, "parts": args.parts, "threads": args.threads or None,
+                "compile": args.compile, "epochs": args.epochs or None}
+    for r in results:
+        write_json(args.out / f"{r.name}.json", {"environment": env, "settings": settings, "seconds": r.seconds,
+                                                 "headline": r.headline, "results": r.data})
+    targets = check_targets(headline)
+    report = summary_markdown(env, settings, results, targets, seconds)
+    write_json(args.out / "summary.json", {"environment": env, "settings": settings, "seconds": seconds,
+                                           "headline": headline,
+                                           "targets": [dict(zip(("what", "value", "target", "verdict"), row))
+                                                       for row in targets]})
+    write_text(args.out / "summary.md", report)
+    print(report)
+    log(f"wrote {args.out}/summary.md and {len(results) + 1} JSON files ({seconds:.0f} s)")
+    return 0
+
+
+def summary_markdown(env: dict[str, Any], settings: dict[str, Any], results: list[PartResult],
+                     targets: list[list[str]], seconds: float) -> str:
+    load = env.get("load_average_at_start")
+    lines = [
+        "# Benchmarks", "",
+        f"{env['device']} ({env['device_name']}), {env['torch_threads']} torch threads, {env['cpu_count']} CPUs, "
+        f"torch {env['torch']}" + (f", lightning {env['lightning']}" if env.get("lightning") else "") +
+        f"; {'quick (smoke) run' if settings['quick'] else 'full run'}, {settings['repeats']} alternating repeats "
+        f"per contender after a warm-up; {seconds:.0f} s in all. " +
+        (f"Load average at the start: {load[0]:.1f} (1 min)." if load else ""), "",
+        "## Targets", "", table(["figure", "measured", "target", "verdict"], targets), "",
+    ]
+    if load and load[0] > 0.5 * (env.get("cpu_count") or 1):
+        lines += ["**The machine was busy when this run started: timings are noisy; rerun on a quiet machine.**", ""]
+    for r in results:
+        lines += [r.markdown, f"({r.name}: {r.seconds:.0f} s)", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

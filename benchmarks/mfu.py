@@ -1,0 +1,222 @@
+"""Engine MFU per model: FLOPs per training step over step time, against the matmul peak measured alongside."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    REPO,
+    PartResult,
+    alternate,
+    engine_runtime,
+    fmt,
+    log,
+    table,
+    task_data,
+)
+
+MODELS = ("classifier", "segmenter", "text")
+TARGET_STEP_S = {"full": 1.5, "quick": 0.5}  # each timed run of steps lasts about this long
+PEAK_SIZES = {"cpu": (1024, 2048, 4096), "gpu": (4096, 8192)}
+
+# Self-time categories of the profiled training step (aten op name substrings, first match wins).
+OP_CATEGORIES = (
+    ("convolution (fwd+bwd)", ("conv", "mkldnn_convolution")),
+    ("matmul / linear", ("addmm", "::mm", "bmm", "matmul", "linear", "scaled_dot_product", "_flash_attention")),
+    ("batch / layer norm", ("batch_norm", "layer_norm", "native_norm")),
+    ("optimizer (AdamW)", ("_foreach", "adamw", "lerp", "addcdiv", "addcmul")),
+    ("layout / dtype copies", ("copy_", "to_copy", "contiguous", "clone", "_to_dense", "reorder")),
+    ("activations / elementwise", ("relu", "threshold", "gelu", "add", "mul", "div", "sub", "where", "fill",
+                                   "zero_", "sqrt", "softmax", "log_softmax", "nll_loss", "cross_entropy")),
+    ("pooling / indexing", ("pool", "index", "gather", "scatter", "cat", "slice", "select", "embedding")),
+)
+
+
+def params():
+    """params.yaml as the pipeline reads it: the engine is measured with the training recipe it really runs."""
+    from trainlab.config import load_params
+
+    return load_params(REPO / "params.yaml")
+
+
+def model_batch(name: str, batch_size: int, device) -> tuple[Any, dict]:
+    """The pipeline's Task for `name` (params.yaml) and one training batch of real data on the device."""
+    from trainlab.repro import seed_everything
+    from trainlab.training import build_task
+
+    data = task_data(name)
+    p = params()
+    seed_everything(p.base.seed)
+    task = build_task(name, p, data.meta)
+    batch = {k: v[:batch_size].to(device) for k, v in data.train.items()}
+    return task, batch
+
+
+def best_peak_size(device, precision: str, quick: bool) -> tuple[int, dict[int, float]]:
+    """The square matmul size with the highest FLOP/s (trainlab.profiling.matmul_peak_flops, one size at a time)."""
+    from trainlab.profiling import matmul_peak_flops
+
+    sizes = PEAK_SIZES["gpu" if device.type == "cuda" else "cpu"]
+    if quick:
+        sizes = sizes[:2]
+    found: dict[int, float] = {}
+    for n in sizes:
+        t0 = time.perf_counter()
+        found[n] = matmul_peak_flops(device, precision, repeats=2, sizes=(n,))
+        if time.perf_counter() - t0 > 6.0:  # the next size costs ~8x: stop
+            break
+    return max(found, key=found.get), found
+
+
+def steps_for(step, device, target_s: float) -> int:
+    """How many calls of `step` take about `target_s` (from two warm calls)."""
+    from trainlab.profiling import time_step
+
+    timing = time_step(step, device, steps=1, warmup=2, repeats=1)
+    return max(1, min(200, round(target_s / max(timing.per_step[0], 1e-6))))
+
+
+def op_breakdown(step, device, top: int = 12) -> dict[str, Any]:
+    """Self time of one training step per op category (profiled after a warm call), and the top ops."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainlab.profiling.peaks import synchronize
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # Kineto's GPU-query noise on a CPU-only run (see traces.py)
+    step()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events) or 1
+    shares: dict[str, float] = defaultdict(float)
+    for e in events:
+        name = e.key.lower()
+        category = next((c for c, pats in OP_CATEGORIES if any(p in name for p in pats)), "other")
+        shares[category] += getattr(e, key) / total
+    ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+    return {"total_ms": total / 1e3, "shares": dict(sorted(shares.items(), key=lambda kv: -kv[1])),
+            "top_ops": [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "share": getattr(e, key) / total,
+                         "calls": e.count} for e in ranked]}
+
+
+def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS, compile: bool = False,
+        out_dir: Path | None = None) -> PartResult:
+    """Alternate the matmul peak and each model's engine training step; MFU per round, medians over rounds."""
+    from trainlab.profiling import flops_per_step, make_steps, matmul_peak_flops, time_step
+    from trainlab.profiling.traces import trace_step
+
+    t0 = time.perf_counter()
+    runtime = engine_runtime(device, compile)
+    dev = runtime.device
+    p = params()
+    precision = runtime.precision
+    size, sweep = best_peak_size(dev, precision, quick)
+    log(f"mfu: {precision} matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in sweep.items()))
+    fp32 = dataclasses.replace(runtime, precision="fp32", channels_last=False, compile=False)
+    fp32_size = None
+    if precision != "fp32" and "classifier" in models:
+        fp32_size, fp32_sweep = best_peak_size(dev, "fp32", quick)
+        log("mfu: fp32 matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in fp32_sweep.items()))
+
+    target = TARGET_STEP_S["quick" if quick else "full"]
+    contenders, info = {}, {}
+
+    def peak_fn(prec: str, n: int):
+        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else 3, sizes=(n,))}
+
+    contenders[f"peak_{precision}"] = peak_fn(precision, size)
+    if fp32_size:
+        contenders["peak_fp32"] = peak_fn("fp32", fp32_size)
+
+    def step_fn(built, steps: int, batch_size: int, flops: int):
+        def run_steps(r, warm):
+            timing = time_step(built.train, dev, steps=1 if warm else steps, warmup=0, repeats=1)
+            t = timing.per_step[0]
+            return {"step_s": t, "samples_per_s": batch_size / t, "flop_per_s": flops / t}
+        return run_steps
+
+    for name in models:
+        cfg = getattr(p, name)
+        task, batch = model_batch(name, cfg.batch_size, dev)
+        flops = flops_per_step(task, batch)
+        settings = {f"{name}": runtime}
+        if name == "classifier" and fp32_size:
+            settings[f"{name}[fp32]"] = fp32
+        for label, setting in settings.items():
+            # The fp32 reference runs without augmentation: the on-device shift returns channels_last-strided
+            # batches, and the reference is meant to be what the plain loop computes (fp32, NCHW throughout).
+            recipe = cfg if setting is runtime else cfg.model_copy(update={"augment": False})
+            built = make_steps(task, setting, batch, recipe, p.base.seed)
+            steps = steps_for(built.train, dev, target)
+            contenders[label] = step_fn(built, steps, cfg.batch_size, flops["train"])
+            info[label] = {"model": name, "setting": setting.describe(), "precision": setting.precision,
+                           "batch_size": cfg.batch_size, "steps_per_timing": steps,
+                           "train_flop_per_step": flops["train"], "infer_flop_per_step": flops["infer"],
+                           "recipe": {"grad_clip": recipe.grad_clip, "augment": recipe.augment,
+                                      "optimizer": recipe.optimizer}}
+            if name == "classifier" and label == name:
+                info[label]["breakdown"] = op_breakdown(built.train, dev)
+                if out_dir is not None:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    trace_step(built.train, dev, out_dir / "trace_classifier_step.json",
+                               out_dir / "top_ops_classifier_step.txt", warmup=1,
+                               title=f"classifier: one engine training step ({precision}), batch {cfg.batch_size}")
+
+    comparison = alternate(contenders, repeats, what="mfu")
+    results: dict[str, Any] = {"precision": precision, "peak_size": size, "peak_sweep": sweep,
+                               "fp32_peak_size": fp32_size, "models": {}}
+    for label, meta in info.items():
+        peak_key = f"peak_{meta['precision']}"
+        achieved = comparison.values(label, "flop_per_s")
+        peaks = comparison.values(peak_key, "flop_per_s")
+        paired = [a / b for a, b in zip(achieved, peaks) if b]
+        med_a, med_p = comparison.median(label, "flop_per_s"), comparison.median(peak_key, "flop_per_s")
+        results["models"][label] = {
+            **meta, "step_s": comparison.values(label, "step_s"), "achieved_flop_per_s": achieved,
+            "peak_flop_per_s": peaks, "median_step_s": comparison.median(label, "step_s"),
+            "median_samples_per_s": comparison.median(label, "samples_per_s"),
+            "median_achieved_flop_per_s": med_a, "median_peak_flop_per_s": med_p,
+            "mfu": med_a / med_p if med_a and med_p else None,
+            "mfu_paired_median": statistics.median(paired) if paired else None,
+            "spread": comparison.spread(label, "flop_per_s"),
+        }
+    results["order"] = comparison.order
+    headline = {}
+    if "classifier" in results["models"]:
+        headline["classifier_engine_mfu"] = results["models"]["classifier"]["mfu"]
+    return PartResult("mfu", results, markdown(results), headline, time.perf_counter() - t0)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = []
+    for label, m in results["models"].items():
+        rows.append([label, m["precision"], m["batch_size"], fmt(m["train_flop_per_step"] / 1e9),
+                     fmt(m["median_step_s"] and 1e3 * m["median_step_s"]), fmt(m["median_samples_per_s"]),
+                     fmt(m["median_achieved_flop_per_s"] and m["median_achieved_flop_per_s"] / 1e9),
+                     fmt(m["median_peak_flop_per_s"] and m["median_peak_flop_per_s"] / 1e9),
+                     fmt(m["mfu"], "pct"), fmt(m["spread"], "pct")])
+    header = ["model", "dtype", "batch", "GFLOP / train step", "step ms", "samples/s", "achieved GFLOP/s",
+              "matmul peak GFLOP/s", "MFU", "spread"]
+    lines = ["## MFU of the engine's training step", "", table(header, rows), "",
+             (f"Peak: square {results['peak_size']}² matmul in the same dtype, timed alternately with the steps "
+              "(trainlab.profiling.matmul_peak_flops); FLOPs: trainlab.profiling.flops_per_step (matmuls, "
+              "convolutions, attention; forward + backward, the optimizer's elementwise update not counted). The "
+              "step is the engine's (trainlab.profiling.make_steps) with params.yaml's recipe (augmentation, grad "
+              "clipping). `classifier[fp32]` is the same step in fp32, NCHW throughout and without augmentation (what the "
+              "plain loop computes), against the fp32 peak, for reference.")]
+    breakdown = results["models"].get("classifier", {}).get("breakdown")
+    if breakdown:
+        lines += ["", f"Classifier step, self time by op category ({breakdown['total_ms']:.0f} ms profiled): " +
+                  ", ".join(f"{k} {100 * v:.0f}%" for k, v in breakdown["shares"].items()) + "."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,330 @@
+"""Pipeline overhead: no-op `dvc repro`, a training stage's cold start, and the Prefect flow's own time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.common import REPO, PartResult, Skip, alternate, fmt, log, table
+
+BIN = Path(sys.executable).parent
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
+                "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@localhost"}
+COMMAND_TIMEOUT_S = 1200
+FULL_WORK_RUNS = 1  # runs of the whole tiny pipeline with every stage running, per contender (flow, dvc repro)
+
+# The real pipeline on the embedded default data with tiny models and a couple of optimizer steps: every stage
+# runs, in about a minute on a 2-core CPU.
+TINY_PARAMS = {
+    "base": {"num_workers": 0},
+    "classifier": {"width": 4, "epochs": 1, "max_steps": 2, "batch_size": 4, "warmup_epochs": 0},
+    "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 2, "warmup_epochs": 0},
+    "text": {"d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
+             "batch_size": 4, "warmup_epochs": 0, "baseline_max_features": 50},
+    "evaluate": {"batch_size": 64, "n_examples": 1},
+    "profile": {"batch_size": 2, "warmup_steps": 0, "steps": 1, "repeats": 1, "compile": False},
+}
+# --quick runs the pipeline only up to this stage (prepare + train_classifier), the full run every stage.
+QUICK_TARGET = "train_classifier"
+# The cold start runs the default classifier (params.yaml) for one optimizer step.
+COLD_START_OVERRIDES = {"classifier": {"epochs": 1, "max_steps": 1}}
+COLD_START_STAGE = ("stages.train_classifier", "data/prepared/classification")
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def known_sections(params: dict, extra: dict) -> dict:
+    """Only the sections params.yaml has (the profile section may not exist yet)."""
+    return {k: v for k, v in extra.items() if k in params}
+
+
+def copy_worktree(src: Path, dst: Path) -> None:
+    """The working tree's files (tracked and untracked, not ignored) as they are now."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=src,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        if (src / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+
+
+def base_env(root: Path) -> dict[str, str]:
+    """This venv first on PATH, no analytics, MLflow and Prefect kept inside the temporary copy."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "TRAINLAB_PARENT_RUN_ID", "PYTHONPATH")}
+    env.update({"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+                "PREFECT_HOME": str(root.parent / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "DO_NOT_TRACK": "1", "PREFECT_SERVER_UI_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+                "PYTHONUNBUFFERED": "1", **GIT_IDENTITY})
+    return env
+
+
+def run_cmd(cmd: list[str], cwd: Path, env: dict[str, str], logfile: Path) -> tuple[float, str]:
+    """Run a command, its output appended to `logfile`; returns (wall seconds, output). Raises on failure."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL, check=False)
+    wall = time.perf_counter() - t0
+    with open(logfile, "a") as f:
+        f.write(f"$ {' '.join(cmd)}  ({wall:.2f} s, exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}\n")
+    if proc.returncode != 0:
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        errors = [line for line in lines if line.startswith(("ERROR", "error:"))]
+        raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}: " + " | ".join(errors[-3:] + lines[-5:]))
+    return wall, proc.stdout
+
+
+class Workspace:
+    """A private git + DVC copy of this repository on tiny params, set up once for every overhead measurement."""
+
+    def __init__(self, tmp: Path, target: str | None = None):
+        self.target = [target] if target else []
+        self.root = tmp / "repo"
+        self.root.mkdir(parents=True)
+        self.log = tmp / "commands.log"
+        self.env = base_env(self.root)
+        self.seed = 1000
+
+    def setup(self) -> float:
+        t0 = time.perf_counter()
+        copy_worktree(REPO, self.root)
+        for leftover in ("dvc.lock", "mlflow.db"):
+            (self.root / leftover).unlink(missing_ok=True)
+        params = yaml.safe_load((self.root / "params.yaml").read_text())
+        deep_merge(params, known_sections(params, TINY_PARAMS))
+        (self.root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        cold = yaml.safe_load((REPO / "params.yaml").read_text())
+        deep_merge(cold, COLD_START_OVERRIDES)
+        (self.root.parent / "cold_params.yaml").write_text(yaml.safe_dump(cold, sort_keys=False))
+        for args in (["init", "--quiet"], ["add", "-A"], ["commit", "--quiet", "--no-verify", "-m", "bench copy"]):
+            run_cmd(["git", *args], self.root, self.env, self.log)
+        return time.perf_counter() - t0
+
+    def dvc(self, *args: str) -> tuple[float, str]:
+        return run_cmd([str(BIN / "dvc"), *args], self.root, self.env, self.log)
+
+    def bump_seed(self) -> int:
+        """A new base.seed: every stage is out of date, and never in DVC's run cache."""
+        self.seed += 1
+        params = yaml.safe_load((self.root / "params.yaml").read_text())
+        params["base"]["seed"] = self.seed
+        (self.root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        return self.seed
+
+    def repro(self) -> tuple[float, str]:
+        return self.dvc("repro", *self.target)
+
+    def flow(self) -> dict[str, Any]:
+        """`python -m pipelines.flow --json`: its wall time from process start and the summary it prints."""
+        targets = [arg for t in self.target for arg in ("--target", t)]
+        wall, out = run_cmd([sys.executable, "-m", "pipelines.flow", "--json", "--retries", "0", *targets],
+                            self.root, self.env, self.log)
+        summary = last_json(out)
+        stages = summary.get("stages", [])
+        stage_sum = sum(s.get("seconds", 0.0) for s in stages)
+        return {"wall_s": wall, "flow_seconds": summary.get("seconds"), "stage_seconds_sum": stage_sum,
+                "overhead_s": wall - stage_sum, "overhead_fraction": (wall - stage_sum) / wall,
+                "in_flow_overhead_s": (summary.get("seconds") or 0.0) - stage_sum,
+                "statuses": sorted({s.get("status", "?") for s in stages}), "stages": len(stages),
+                "per_stage_s": {s["stage"]: s.get("seconds") for s in stages}}
+
+    def cold_start(self, index: int) -> dict[str, Any]:
+        """Process spawn to the first training step of train_classifier (default model, data and tracking)."""
+        module, data = COLD_START_STAGE
+        out_dir = self.root.parent / f"cold{index}"
+        marks_file = self.root.parent / f"cold{index}.json"
+        env = {**self.env, "BENCH_FIRST_STEP_FILE": str(marks_file), "BENCH_EXIT_AFTER_FIRST_STEP": "1",
+               "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "benchmarks.first_step", module, data, str(out_dir / "models"),
+               str(out_dir / "reports"), "--params", str(self.root.parent / "cold_params.yaml")]
+        spawned = time.time()
+        run_cmd(cmd, self.root, env, self.log)
+        marks = json.loads(marks_file.read_text())
+        if "first_forward" not in marks:
+            raise RuntimeError(f"the stage ran no training step (marks: {sorted(marks)})")
+        rel = {k: v - spawned for k, v in marks.items()}
+        imports = {k.split(":", 1)[1]: rel[f"import_end:{k.split(':', 1)[1]}"] - v
+                   for k, v in rel.items() if k.startswith("import_start:")}
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return {"cold_start_s": rel["first_forward"], "first_step_end_s": rel.get("first_step_end"),
+                "interpreter_s": rel["process_start"],
+                "import_torch_s": imports.get("torch"), "import_mlflow_s": imports.get("mlflow"),
+                "imports_s": dict(sorted(imports.items(), key=lambda kv: -kv[1])),
+                "imported_at_s": {k.split(":", 1)[1]: v for k, v in rel.items() if k.startswith("import_start:")}}
+
+
+def last_json(text: str) -> dict[str, Any]:
+    """The JSON object a command printed last (the flow prints its summary with indent=2)."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i] == "{":
+            try:
+                return json.loads("\n".join(lines[i:]))
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError(f"no JSON summary in the flow's output: {text[-500:]}")
+
+
+def flow_available() -> bool:
+    return (REPO / "pipelines" / "flow.py").is_file()
+
+
+def run(quick: bool, repeats: int, keep: bool = False) -> PartResult:
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    data: dict[str, Any] = {"workspace": str(tmp)}
+    data["stages"] = QUICK_TARGET + " and what it needs" if quick else "all"
+    try:
+        ws = Workspace(tmp, QUICK_TARGET if quick else None)
+        data["setup_s"] = ws.setup()
+        log(f"overhead: copied the repo to {ws.root} ({data['setup_s']:.1f} s); first `dvc repro` (tiny params)")
+        data["first_repro_s"], _ = ws.repro()
+        log(f"overhead: first dvc repro {data['first_repro_s']:.1f} s")
+        contenders: dict[str, Any] = {}
+
+        def noop_repro(r, warm):
+            wall, out = ws.repro()
+            if "Running stage" in out:
+                raise RuntimeError(f"`dvc repro` was not a no-op: {out[-500:]}")
+            return {"wall_s": wall}
+
+        contenders["noop_dvc_repro"] = noop_repro
+        counter = iter(range(10_000))
+        contenders["cold_start"] = lambda r, warm: ws.cold_start(next(counter))
+        if flow_available():
+            contenders["noop_flow"] = lambda r, warm: ws.flow()
+        else:
+            data["prefect_todo"] = "pipelines/flow.py not found: the Prefect overhead is not measured (TODO)"
+        # quick: one timed run of each after the warm-up, a smoke test
+        comparison = alternate(contenders, 1 if quick else repeats, what="overhead")
+        data["noop"] = comparison.summary(["wall_s", "cold_start_s", "first_step_end_s", "import_torch_s",
+                                           "import_mlflow_s", "overhead_s", "overhead_fraction",
+                                           "stage_seconds_sum"])
+        if flow_available() and not quick:
+            # Every stage runs: a new seed each time. One run each (a tiny pipeline takes about a minute); the
+            # no-op flow above, timed `repeats` times, carries nearly all of the same overhead.
+            real = {"dvc_repro": lambda r, warm: {"wall_s": (ws.bump_seed(), ws.repro())[1][0]},
+                    "flow": lambda r, warm: (ws.bump_seed(), ws.flow())[1]}
+            comparison = alternate(real, FULL_WORK_RUNS, warmup=False, what="full pipeline")
+            data["full"] = comparison.summary(["wall_s", "overhead_s", "overhead_fraction", "stage_seconds_sum",
+                                               "in_flow_overhead_s"])
+            data["full"]["flow_over_dvc"] = comparison.ratio("flow", "dvc_repro", "wall_s")
+            data["full"]["flow_minus_dvc_s"] = statistics.median(
+                [f["wall_s"] - d["wall_s"] for f, d in zip(comparison.repeats["flow"], comparison.repeats["dvc_repro"])])
+        data["default_pipeline_s"] = default_pipeline_seconds()
+    except (RuntimeError, subprocess.TimeoutExpired, Skip) as exc:
+        data["error"] = str(exc)
+        log(f"overhead: failed: {exc}")
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    headline = headline_figures(data)
+    return PartResult("overhead", data, markdown(data, headline), headline, time.perf_counter() - t0)
+
+
+def default_pipeline_seconds() -> dict[str, Any] | None:
+    """The default pipeline's duration from the last real `dvc repro` in this repo (reports/*/timing.json), if any."""
+    found = {}
+    for name in ("classifier", "segmenter", "text"):
+        path = REPO / "reports" / name / "timing.json"
+        if path.is_file():
+            try:
+                found[name] = float(json.loads(path.read_text())["stage_time_s"])
+            except (ValueError, KeyError, OSError):
+                pass
+    if len(found) < 3:
+        return None
+    return {"training_stages_s": found, "sum_s": sum(found.values()),
+            "source": "reports/{classifier,segmenter,text}/timing.json (stage_time_s of the last default run)"}
+
+
+def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
+    noop = data.get("noop", {}).get("median", {})
+    out = {"noop_dvc_repro_s": noop.get("noop_dvc_repro", {}).get("wall_s"),
+           "cold_start_s": noop.get("cold_start", {}).get("cold_start_s")}
+    full = data.get("full", {}).get("median", {}).get("flow")
+    noop_flow = noop.get("noop_flow")
+    if noop_flow:
+        out["prefect_overhead_noop_flow_s"] = noop_flow["overhead_s"]
+    if full:
+        out["prefect_overhead_fraction_tiny_pipeline"] = full["overhead_fraction"]
+    overhead = full["overhead_s"] if full else (noop_flow or {}).get("overhead_s")
+    if overhead is not None:
+        out["prefect_overhead_s"] = overhead
+        default = data.get("default_pipeline_s")
+        if default:
+            out["prefect_overhead_fraction_default_pipeline"] = overhead / (default["sum_s"] + overhead)
+    return out
+
+
+def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
+    lines = ["## Pipeline overhead", ""]
+    if "error" in data:
+        lines += [f"Failed: `{data['error'][:500]}`", ""]
+    noop = data.get("noop", {})
+    med, spread = noop.get("median", {}), noop.get("spread", {})
+    rows = []
+    if "noop_dvc_repro" in med:
+        rows.append(["no-op `dvc repro` (everything up to date)", fmt(med["noop_dvc_repro"]["wall_s"], "s"),
+                     fmt(spread["noop_dvc_repro"]["wall_s"], "pct"), "≤ 1.5 s"])
+    if "cold_start" in med:
+        c = med["cold_start"]
+        rows.append(["train_classifier cold start: process spawn → first training step",
+                     fmt(c["cold_start_s"], "s"), fmt(spread["cold_start"]["cold_start_s"], "pct"), "≤ 4 s"])
+        rows.append(["… of which `import torch` / `import mlflow`",
+                     f"{fmt(c['import_torch_s'], 's')} / {fmt(c['import_mlflow_s'], 's')}", "", ""])
+        rows.append(["… first training step done", fmt(c["first_step_end_s"], "s"), "", ""])
+    if "noop_flow" in med:
+        f = med["noop_flow"]
+        first = noop.get("warmup", {}).get("noop_flow", {}).get("wall_s")
+        rows.append(["first Prefect flow run (fresh Prefect home: its database is created)", fmt(first, "s"), "", ""])
+        rows.append(["no-op Prefect flow (every stage skipped): wall / Σ stages",
+                     f"{fmt(f['wall_s'], 's')} / {fmt(f['stage_seconds_sum'], 's')}",
+                     fmt(spread["noop_flow"]["wall_s"], "pct"), ""])
+        rows.append(["Prefect overhead of the no-op flow (wall − Σ stages)", fmt(f["overhead_s"], "s"),
+                     fmt(spread["noop_flow"]["overhead_s"], "pct"), ""])
+    full = data.get("full", {})
+    if full.get("median", {}).get("flow"):
+        f, d = full["median"]["flow"], full["median"]["dvc_repro"]
+        rows.append(["full tiny pipeline: `dvc repro` wall", fmt(d["wall_s"], "s"),
+                     fmt(full["spread"]["dvc_repro"]["wall_s"], "pct"), ""])
+        rows.append(["full tiny pipeline: Prefect flow wall / Σ stages",
+                     f"{fmt(f['wall_s'], 's')} / {fmt(f['stage_seconds_sum'], 's')}",
+                     fmt(full["spread"]["flow"]["wall_s"], "pct"), ""])
+        rows.append(["Prefect overhead, every stage running (flow wall − Σ stage times; 1 run)",
+                     f"{fmt(f['overhead_s'], 's')} ({fmt(f['overhead_fraction'], 'pct')} of the tiny pipeline)",
+                     "", "≤ 10% of the default pipeline"])
+        rows.append(["flow wall − `dvc repro` wall (paired, same work)", fmt(full["flow_minus_dvc_s"], "s"), "", ""])
+    if "prefect_overhead_s" in headline:
+        share = headline.get("prefect_overhead_fraction_default_pipeline")
+        default = data.get("default_pipeline_s")
+        rows.append(["Prefect overhead as a share of the default pipeline",
+                     f"{fmt(share, 'pct')} (of {fmt(default['sum_s'], 's')} training stages + overhead)" if share
+                     is not None else "– (needs reports/*/timing.json from a default `dvc repro`)", "", "≤ 10%"])
+    elif data.get("prefect_todo"):
+        rows.append(["Prefect overhead", f"TODO: {data['prefect_todo']}", "", ""])
+    lines += [table(["what", "median", "spread", "target"], rows), ""]
+    lines.append(f"In a private copy of the repository (git + DVC, tiny params, embedded data; set up in "
+                 f"{fmt(data.get('setup_s'), 's')}, first real `dvc repro` {fmt(data.get('first_repro_s'), 's')}). "
+                 "Cold start: `python -m stages.train_classifier` with params.yaml's classifier (tracking on), timed "
+                 "from the parent's spawn to the model's first training-mode forward, by benchmarks/first_step.py "
+                 "(import hooks and a global optimizer-step hook; the stage is unchanged). Σ stages: the seconds the "
+                 "flow reports per stage (its `dvc status` + `dvc repro --single-item` calls).")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Reliability and security: kills, signals, faults, bad input, concurrent writers, safe loading."""

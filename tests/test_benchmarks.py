@@ -1,0 +1,88 @@
+"""The benchmark suite runs: contenders alternate, the cold-start hook fires, a quick part writes its reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import PARTS, check_targets, parse_args
+from benchmarks.common import Skip, alternate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_contenders_alternate_after_a_warm_up_and_ratios_pair_rounds():
+    calls = []
+
+    def contender(name, value):
+        def run(repeat, warm):
+            calls.append((name, repeat, warm))
+            return {"samples_per_s": value * (repeat + 2)}
+        return run
+
+    def missing(repeat, warm):
+        raise Skip("not installed")
+
+    result = alternate({"a": contender("a", 2.0), "b": contender("b", 1.0), "c": missing}, repeats=3)
+
+    assert calls[:2] == [("a", -1, True), ("b", -1, True)]
+    assert [c[0] for c in calls[2:]] == ["a", "b"] * 3 and result.order == ["a", "b"] * 3
+    assert result.skipped == {"c": "not installed"} and "c" not in result.repeats
+    assert result.median("a", "samples_per_s") == 6.0
+    assert result.ratio("a", "b", "samples_per_s") == {"ratio_of_medians": 2.0, "median_of_paired_ratios": 2.0}
+
+
+def test_parts_and_targets():
+    assert parse_args(["--only", "training,mfu"]).parts == ["classifier", "segmenter", "text", "mfu"]
+    assert parse_args([]).parts == list(PARTS)
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nonsense"])
+    rows = {r[0]: r[3] for r in check_targets({"classifier_engine_over_plain": 2.6, "noop_dvc_repro_s": 2.0})}
+    assert rows["classifier: engine / plain loop throughput"] == "met"
+    assert rows["no-op `dvc repro` (s)"] == "MISSED"
+    assert rows["classifier: engine MFU (of the measured matmul peak)"] == "not measured"
+
+
+def test_first_step_hook_records_the_first_training_step(tmp_path):
+    (tmp_path / "tiny_stage.py").write_text(textwrap.dedent("""
+        import torch
+        import trainlab.engine.loop  # noqa: F401  (the hook is installed once this is imported)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+        print("done")
+    """))
+    marks = tmp_path / "marks.json"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "BENCH_FIRST_STEP_FILE": str(marks)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.first_step", "tiny_stage"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    got = json.loads(marks.read_text())
+    assert got["process_start"] <= got["import_start:torch"] <= got["first_forward"] <= got["first_step_end"]
+    assert got["exit"] >= got["first_step_end"]
+
+
+@pytest.mark.slow
+def test_quick_classifier_and_mfu_parts_write_their_reports(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "classifier,mfu", "--repeats",
+                           "1", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## Training throughput" in proc.stdout and "## MFU" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["headline"]["classifier_engine_over_plain"] > 0
+    assert 0 < summary["headline"]["classifier_engine_mfu"]
+    speed = json.loads((tmp_path / "training_speed.json").read_text())["results"]["classifier"]
+    assert set(speed["median"]) >= {"engine", "plain"}
+    assert (tmp_path / "summary.md").read_text().startswith("# Benchmarks")
+    assert (tmp_path / "top_ops_classifier_step.txt").is_file()
