@@ -233,6 +233,9 @@ def profile_one(item: Loaded, params: Params, runtime: Runtime, matrix: dict[str
     if trace_name is not None and trace_name not in result.settings:  # not in the matrix (or failed there)
         built = make_steps(item.task, traced, item.batch, train_cfg, params.base.seed)
         write_trace(item, built, trace_name, runtime.device, out, result, 1, log)
+    if trace_name is None:  # dvc.yaml declares the trace files: write them, saying tracing was off
+        (out / f"trace_{item.name}.json").write_text('{"traceEvents": [], "note": "profile.trace is false"}\n')
+        (out / f"top_ops_{item.name}.txt").write_text("no trace: profile.trace is false\n")
     return result
 
 
