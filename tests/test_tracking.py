@@ -42,6 +42,12 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def use_store_globally(store: Path) -> None:
+    uri = f"sqlite:///{store}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+
+
 @pytest.fixture(scope="session")
 def migrated_db(tmp_path_factory) -> Path:
     """An empty, fully migrated MLflow DB made once: creating one runs ~6 s of alembic migrations (fsync-bound)."""
@@ -169,6 +175,7 @@ def test_run_records_params_metrics_artifacts_tags_and_model(params, store, capf
     logged = client.get_logged_model(mv.source.removeprefix("models:/"))
     assert logged.experiment_id == run.info.experiment_id
     assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "tiny", "version": 1}]
+    use_store_globally(store)  # load_model reads MLflow's process-wide URIs, which earlier tests may have set
     loaded = mlflow.pytorch.load_model("models:/tiny/1")
     x = torch.randn(5, 4)
     assert torch.allclose(loaded(x), model.eval()(x), atol=1e-6)  # batch dimension stays dynamic
@@ -190,6 +197,7 @@ def test_unexportable_model_falls_back_to_pickle(params, store, capfd):
         version = tracker.log_model(Doubler(), "doubler", torch.ones(4, 3), registered_model_name="doubler")
     assert version == "1"
     assert "logging it in MLflow's pickle format" in capfd.readouterr().err
+    use_store_globally(store)  # load_model reads MLflow's process-wide URIs, which earlier tests may have set
     loaded = mlflow.pytorch.load_model("models:/doubler/1")
     assert torch.equal(loaded(torch.ones(2, 3)), torch.full((2, 3), 2.0))
     # the failed pt2 attempt leaves no empty LoggedModel behind

@@ -82,46 +82,6 @@ def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """`prefect server start` on a free 127.0.0.1 port for the whole session; stopped at the end."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    log = home / "server.log"
-    env = {**os.environ, **prefect_env(home)}
-    env.pop("PREFECT_API_URL", None)
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S
-        while not healthy(api_url):
-            if proc.poll() is not None:
-                pytest.fail(f"prefect server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"prefect server not healthy after {SERVER_STARTUP_TIMEOUT_S} s:\n"
-                            f"{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield PrefectServer(api_url, home, log)
-    finally:
-        stop_process_group(proc, signal.SIGTERM)
-    assert proc.poll() is not None, "the Prefect server started by the tests is still running"
-
-
-@pytest.fixture(scope="session")
-def prefect_api(prefect_server):
-    """Point this process (settings) and its subprocesses (environment) at the test server."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in prefect_env(prefect_server.home, prefect_server.api_url).items():
-            mp.setenv(key, value)
-        with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url, PREFECT_HOME: prefect_server.home}):
-            yield prefect_server
-
-
 # --- repositories ----------------------------------------------------------------------------------------------------
 
 def git(args: list[str], cwd: Path) -> str:

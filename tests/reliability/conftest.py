@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 # a real Prefect server on 127.0.0.1 for the session (started only when a Prefect test asks for it)
-from tests.pipelines.conftest import prefect_api, prefect_server  # noqa: F401
 from tests.reliability.factories import (
     CLASSIFIER_ARGS,
     run_stage,
