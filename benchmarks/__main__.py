@@ -1,7 +1,7 @@
 """`python -m benchmarks`: run the benchmark parts, print one markdown report, write reports/bench/*.json and summary.md.
 
-    python -m benchmarks                       # everything (about 10 minutes on a quiet 2-core CPU)
-    python -m benchmarks --quick               # a smoke version (about 2-3 minutes)
+    python -m benchmarks                       # everything (about 10-12 minutes on a quiet 2-core CPU)
+    python -m benchmarks --quick               # a smoke version (about 3-4 minutes)
     python -m benchmarks --only classifier,mfu # some parts: classifier, segmenter, text, mfu, overhead, scaling
 """
 
@@ -102,21 +102,15 @@ def main(argv: list[str]) -> int:
     results: list[PartResult] = []
     models = tuple(p for p in args.parts if p in TRAINING)
     if models:
-        from benchmarks import training_speed
-
-        results.append(training_speed.run(args.quick, args.repeats, device, models, args.compile, args.epochs))
+        results.append(run_part("training_speed", lambda m: m.run(args.quick, args.repeats, device, models,
+                                                                   args.compile, args.epochs)))
     if "mfu" in args.parts:
-        from benchmarks import mfu
-
-        results.append(mfu.run(args.quick, args.repeats, device, compile=args.compile, out_dir=args.out))
+        results.append(run_part("mfu", lambda m: m.run(args.quick, args.repeats, device, compile=args.compile,
+                                                       out_dir=args.out)))
     if "scaling" in args.parts:
-        from benchmarks import scaling
-
-        results.append(scaling.run(args.quick, args.repeats, device))
+        results.append(run_part("scaling", lambda m: m.run(args.quick, args.repeats, device)))
     if "overhead" in args.parts:
-        from benchmarks import overhead
-
-        results.append(overhead.run(args.quick, args.repeats, keep=args.keep_workspace))
+        results.append(run_part("overhead", lambda m: m.run(args.quick, args.repeats, keep=args.keep_workspace)))
 
     seconds = time.perf_counter() - started
     headline: dict[str, Any] = {}
@@ -137,6 +131,22 @@ def main(argv: list[str]) -> int:
     print(report)
     log(f"wrote {args.out}/summary.md and {len(results) + 1} JSON files ({seconds:.0f} s)")
     return 0
+
+
+def run_part(name: str, call) -> PartResult:
+    """Import benchmarks.<name> and run it; a part that fails is reported (with its traceback in the JSON) and the
+    others still run."""
+    import importlib
+    import traceback
+
+    t0 = time.perf_counter()
+    try:
+        return call(importlib.import_module(f"benchmarks.{name}"))
+    except Exception as exc:  # noqa: BLE001 - one broken part must not cost the figures of the others
+        log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+        return PartResult(name, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()},
+                          f"## {name}\n\nFailed: `{type(exc).__name__}: {str(exc)[:500]}`\n", {},
+                          time.perf_counter() - t0)
 
 
 def summary_markdown(env: dict[str, Any], settings: dict[str, Any], results: list[PartResult],

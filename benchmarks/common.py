@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "reports" / "bench"
@@ -128,7 +128,7 @@ def quiet_stderr() -> Iterator[io.StringIO]:
 class CpuClock:
     """Wall and process CPU seconds of a block: CPU time / wall time shows how much of the machine it got."""
 
-    def __enter__(self) -> CpuClock:
+    def __enter__(self) -> Self:
         self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
         return self
 
@@ -156,10 +156,10 @@ def environment(device) -> dict[str, Any]:
     }
     with contextlib.suppress(OSError):
         env["load_average_at_start"] = os.getloadavg()
-    with contextlib.suppress(Exception):
-        import lightning
+    from importlib import metadata
 
-        env["lightning"] = lightning.__version__
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        env["lightning"] = metadata.version("lightning")
     return env
 
 

@@ -124,7 +124,7 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
     size, sweep = best_peak_size(dev, precision, quick)
     log(f"mfu: {precision} matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in sweep.items()))
     fp32 = dataclasses.replace(runtime, precision="fp32", channels_last=False, compile=False)
-    fp32_size = None
+    fp32_size, fp32_sweep = None, {}
     if precision != "fp32" and "classifier" in models:
         fp32_size, fp32_sweep = best_peak_size(dev, "fp32", quick)
         log("mfu: fp32 matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in fp32_sweep.items()))
@@ -132,12 +132,16 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
     target = TARGET_STEP_S["quick" if quick else "full"]
     contenders, info = {}, {}
 
-    def peak_fn(prec: str, n: int):
-        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else 3, sizes=(n,))}
+    def peak_fn(prec: str, n: int, flops: float):
+        # As many matmuls as fill about `target` seconds, like a step timing; the median of their single timings
+        # is robust to a preemption, so on a busy machine the peak errs high and the MFU low (conservative).
+        count = max(3, min(100, round(target / (2 * n**3 / flops))))
+        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else count,
+                                                                  sizes=(n,))}
 
-    contenders[f"peak_{precision}"] = peak_fn(precision, size)
+    contenders[f"peak_{precision}"] = peak_fn(precision, size, sweep[size])
     if fp32_size:
-        contenders["peak_fp32"] = peak_fn("fp32", fp32_size)
+        contenders["peak_fp32"] = peak_fn("fp32", fp32_size, fp32_sweep[fp32_size])
 
     def step_fn(built, steps: int, batch_size: int, flops: int):
         def run_steps(r, warm):
@@ -182,6 +186,7 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
         peaks = comparison.values(peak_key, "flop_per_s")
         paired = [a / b for a, b in zip(achieved, peaks) if b]
         med_a, med_p = comparison.median(label, "flop_per_s"), comparison.median(peak_key, "flop_per_s")
+        best_p = max([*peaks, *(sweep if meta["precision"] == precision else fp32_sweep).values()], default=None)
         results["models"][label] = {
             **meta, "step_s": comparison.values(label, "step_s"), "achieved_flop_per_s": achieved,
             "peak_flop_per_s": peaks, "median_step_s": comparison.median(label, "step_s"),
@@ -189,6 +194,7 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
             "median_achieved_flop_per_s": med_a, "median_peak_flop_per_s": med_p,
             "mfu": med_a / med_p if med_a and med_p else None,
             "mfu_paired_median": statistics.median(paired) if paired else None,
+            "best_peak_flop_per_s": best_p, "mfu_vs_best_peak": med_a / best_p if med_a and best_p else None,
             "spread": comparison.spread(label, "flop_per_s"),
         }
     results["order"] = comparison.order
@@ -205,12 +211,13 @@ def markdown(results: dict[str, Any]) -> str:
                      fmt(m["median_step_s"] and 1e3 * m["median_step_s"]), fmt(m["median_samples_per_s"]),
                      fmt(m["median_achieved_flop_per_s"] and m["median_achieved_flop_per_s"] / 1e9),
                      fmt(m["median_peak_flop_per_s"] and m["median_peak_flop_per_s"] / 1e9),
-                     fmt(m["mfu"], "pct"), fmt(m["spread"], "pct")])
+                     fmt(m["mfu"], "pct"), fmt(m["mfu_vs_best_peak"], "pct"), fmt(m["spread"], "pct")])
     header = ["model", "dtype", "batch", "GFLOP / train step", "step ms", "samples/s", "achieved GFLOP/s",
-              "matmul peak GFLOP/s", "MFU", "spread"]
+              "matmul peak GFLOP/s", "MFU", "MFU vs best peak seen", "spread"]
     lines = ["## MFU of the engine's training step", "", table(header, rows), "",
-             (f"Peak: square {results['peak_size']}² matmul in the same dtype, timed alternately with the steps "
-              "(trainlab.profiling.matmul_peak_flops); FLOPs: trainlab.profiling.flops_per_step (matmuls, "
+             (f"Peak: square {results['peak_size']}² matmul in the same dtype (trainlab.profiling.matmul_peak_flops), "
+              "timed alternately with the steps: the median of as many single matmuls as fill a step timing; 'best "
+              "peak seen' is the highest of all peak measurements, sweep included. FLOPs: trainlab.profiling.flops_per_step (matmuls, "
               "convolutions, attention; forward + backward, the optimizer's elementwise update not counted). The "
               "step is the engine's (trainlab.profiling.make_steps) with params.yaml's recipe (augmentation, grad "
               "clipping). `classifier[fp32]` is the same step in fp32, NCHW throughout and without augmentation (what the "
