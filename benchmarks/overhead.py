@@ -181,10 +181,6 @@ def last_json(text: str) -> dict[str, Any]:
     raise RuntimeError(f"no JSON summary in the flow's output: {text[-500:]}")
 
 
-def flow_available() -> bool:
-    return (REPO / "pipelines" / "flow.py").is_file()
-
-
 def run(quick: bool, repeats: int, keep: bool = False) -> PartResult:
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
@@ -207,16 +203,13 @@ def run(quick: bool, repeats: int, keep: bool = False) -> PartResult:
         contenders["noop_dvc_repro"] = noop_repro
         counter = iter(range(10_000))
         contenders["cold_start"] = lambda r, warm: ws.cold_start(next(counter))
-        if flow_available():
-            contenders["noop_flow"] = lambda r, warm: ws.flow()
-        else:
-            data["prefect_todo"] = "pipelines/flow.py not found: the Prefect overhead is not measured (TODO)"
+        contenders["noop_flow"] = lambda r, warm: ws.flow()
         # quick: one timed run of each after the warm-up, a smoke test
         comparison = alternate(contenders, 1 if quick else repeats, what="overhead")
         data["noop"] = comparison.summary(["wall_s", "cold_start_s", "first_step_end_s", "import_torch_s",
                                            "import_mlflow_s", "overhead_s", "overhead_fraction",
                                            "stage_seconds_sum"])
-        if flow_available() and not quick:
+        if not quick:
             # Every stage runs (a new seed, so nothing comes from DVC's run cache). One run: a tiny pipeline takes
             # a minute or more, and the no-op flow above, timed `repeats` times, carries the same overhead (measured
             # on a busy 2-core machine: 22.2 s no-op vs 21.2 s with every stage running).
@@ -311,8 +304,6 @@ def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
         rows.append(["Prefect overhead as a share of the default pipeline",
                      f"{fmt(share, 'pct')} (of {fmt(default['sum_s'], 's')} training stages + overhead)" if share
                      is not None else "– (needs reports/*/timing.json from a default `dvc repro`)", "", "≤ 10%"])
-    elif data.get("prefect_todo"):
-        rows.append(["Prefect overhead", f"TODO: {data['prefect_todo']}", "", ""])
     lines += [table(["what", "median", "spread", "target"], rows), ""]
     lines.append(f"In a private copy of the repository (git + DVC, tiny params, embedded data; set up in "
                  f"{fmt(data.get('setup_s'), 's')}, first real `dvc repro` {fmt(data.get('first_repro_s'), 's')}). "

@@ -22,7 +22,6 @@ from trainlab.errors import DataError
 from trainlab.repro import environment, seed_everything
 from trainlab.runtime import Runtime, resolve_runtime
 
-TASK_SECTIONS = {"classifier": "classifier", "segmenter": "segmenter", "text": "text"}
 CHECKPOINT_ROOT = Path("checkpoints")
 # What each task reads from its prepared data: meta.json keys, and (inputs, targets) tensors of every split.
 REQUIRED_META = {"classifier": ("num_classes", "channels"), "segmenter": ("num_classes", "channels"),
