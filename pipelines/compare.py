@@ -14,6 +14,7 @@ from pipelines.overrides import validated_params
 from pipelines.runs import child_runs, tracking_uri
 from trainlab.cli import run_cli
 from trainlab.errors import UserError
+from trainlab.tracking import mlflow_client
 
 # The metric each model is judged on (higher is better): the task's primary metric on the test split.
 PRIMARY_METRICS = {"classifier": "test_accuracy", "segmenter": "test_mean_iou", "text": "test_accuracy"}
@@ -66,13 +67,11 @@ class Decision:
 
 def client_for(root: str | os.PathLike) -> tuple[Any, str, str]:
     """(MlflowClient, tracking URI, experiment name) for the repo at `root`."""
-    import mlflow
-
     params = validated_params(root)
     uri = tracking_uri(root, params)
     if uri is None:
         raise CompareError("tracking is disabled (tracking.enabled: false in params.yaml): nothing to compare")
-    return mlflow.MlflowClient(tracking_uri=uri), uri, params.tracking.experiment
+    return mlflow_client(uri), uri, params.tracking.experiment
 
 
 def versions_by_run(client: Any, task: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.config import Params
-from trainlab.tracking import DEFAULT_DB_NAME, PARENT_RUN_ENV, NullTracker, flatten_params, start_run
+from trainlab.tracking import DEFAULT_DB_NAME, PARENT_RUN_ENV, NullTracker, flatten_params, mlflow_client, start_run
 
 
 def tracking_uri(root: str | os.PathLike, params: Params) -> str | None:
@@ -58,9 +58,7 @@ def child_runs(uri: str | None, parent_run_id: str | None) -> dict[str, str]:
     """{stage tag: run id} of the runs nested under `parent_run_id` (the newest per stage)."""
     if not uri or not parent_run_id:
         return {}
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    client = mlflow_client(uri)
     experiment_id = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
                               order_by=["attributes.start_time ASC"], max_results=1000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from trainlab.tracking import (
     _retry,
     data_hash,
     flatten_params,
+    mlflow_client,
     resolve_tracking_uri,
     start_run,
 )
@@ -38,14 +40,26 @@ def workdir(tmp_path, monkeypatch):
     """A clean cwd with no tracking env: mlflow.db and mlartifacts land in tmp_path."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     monkeypatch.delenv("TRAINLAB_PARENT_RUN_ID", raising=False)
     return tmp_path
 
 
-def use_store_globally(store: Path) -> None:
+def load_registered(store: Path, model_uri: str):
+    """mlflow.pytorch.load_model reads only MLflow's process-global URIs: point them at `store`, then restore."""
     uri = f"sqlite:///{store}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    try:
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        return mlflow.pytorch.load_model(model_uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +85,7 @@ def params(workdir):
 
 
 def client_for(workdir: Path) -> mlflow.MlflowClient:
-    return mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db")
+    return mlflow_client(f"sqlite:///{workdir}/mlflow.db")
 
 
 def free_port() -> int:
@@ -110,7 +124,6 @@ def test_resolve_tracking_uri_order(params, workdir, monkeypatch):
     assert resolve_tracking_uri(params) == f"sqlite:///{workdir.resolve()}/sub/runs.db"
 
 
-@pytest.mark.xfail(reason="order-dependent in the full suite: models:/ load hits MLflow process-wide state left by earlier tests; passes alone (open bug)", strict=False)
 def test_run_records_params_metrics_artifacts_tags_and_model(params, store, capfd):
     import matplotlib
 
@@ -176,8 +189,7 @@ def test_run_records_params_metrics_artifacts_tags_and_model(params, store, capf
     logged = client.get_logged_model(mv.source.removeprefix("models:/"))
     assert logged.experiment_id == run.info.experiment_id
     assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "tiny", "version": 1}]
-    use_store_globally(store)  # load_model reads MLflow's process-wide URIs, which earlier tests may have set
-    loaded = mlflow.pytorch.load_model("models:/tiny/1")
+    loaded = load_registered(store, "models:/tiny/1")
     x = torch.randn(5, 4)
     assert torch.allclose(loaded(x), model.eval()(x), atol=1e-6)  # batch dimension stays dynamic
 
@@ -193,19 +205,29 @@ def test_model_not_registered_when_disabled(params, store):
     assert client_for(store).search_registered_models() == []
 
 
-@pytest.mark.xfail(reason="order-dependent in the full suite: models:/ load hits MLflow process-wide state left by earlier tests; passes alone (open bug)", strict=False)
 def test_unexportable_model_falls_back_to_pickle(params, store, capfd):
     with start_run(params, stage="train_text") as tracker:
         version = tracker.log_model(Doubler(), "doubler", torch.ones(4, 3), registered_model_name="doubler")
     assert version == "1"
     assert "logging it in MLflow's pickle format" in capfd.readouterr().err
-    use_store_globally(store)  # load_model reads MLflow's process-wide URIs, which earlier tests may have set
-    loaded = mlflow.pytorch.load_model("models:/doubler/1")
+    loaded = load_registered(store, "models:/doubler/1")
     assert torch.equal(loaded(torch.ones(2, 3)), torch.full((2, 3), 2.0))
     # the failed pt2 attempt leaves no empty LoggedModel behind
     client = client_for(store)
     exp = client.get_experiment_by_name(params.tracking.experiment)
     assert len(client.search_logged_models(experiment_ids=[exp.experiment_id])) == 1
+
+
+def test_models_register_in_the_tracking_store_whatever_the_global_registry(params, store, tmp_path_factory,
+                                                                          monkeypatch, migrated_db):
+    elsewhere = tmp_path_factory.mktemp("other_registry") / "mlflow.db"
+    shutil.copyfile(migrated_db, elsewhere)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{elsewhere}")  # e.g. left behind by another tool
+    with start_run(params, stage="train_classifier") as tracker:
+        version = tracker.log_model(torch.nn.Linear(4, 2), "classifier", torch.randn(2, 4), "tiny")
+    assert version == "1"
+    assert [m.name for m in client_for(store).search_registered_models()] == ["tiny"]
+    assert mlflow_client(f"sqlite:///{elsewhere}").search_registered_models() == []
 
 
 def test_log_model_needs_an_input_example(params, store):

@@ -157,6 +157,17 @@ def resolve_tracking_uri(params: Params, check: bool = False) -> str:
     return uri
 
 
+def mlflow_client(uri: str) -> Any:
+    """An MlflowClient whose model registry is the tracking store itself.
+
+    Without ``registry_uri`` MLflow takes the process-global registry URI (``mlflow.set_registry_uri`` or
+    ``MLFLOW_REGISTRY_URI``), so a leftover global setting would register models in some other store.
+    """
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
 def _configured_uri(params: Params) -> tuple[str, str]:
     if params.tracking.uri:
         return params.tracking.uri, "tracking.uri"
@@ -597,7 +608,7 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
     # construction), so processes starting together on a new mlflow.db break each other's migration:
     # serialise the first touch and the experiment's get-or-create across processes.
     with _init_lock(db):
-        client = mlflow.MlflowClient(tracking_uri=uri)
+        client = mlflow_client(uri)
         experiment_id = _ensure_experiment(client, params.tracking.experiment,
                                            _artifact_location(uri, params.tracking.experiment))
 
