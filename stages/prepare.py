@@ -10,7 +10,7 @@ from typing import Any
 from trainlab.atomic import atomic_dir, write_json
 from trainlab.cli import run_cli
 from trainlab.config import DEFAULT_PARAMS, Params, load_params
-from trainlab.data import prepare_all
+from trainlab.data.prepare import prepare_all
 from trainlab.data.stats import flatten_numeric
 from trainlab.tracking import start_run
 

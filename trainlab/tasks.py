@@ -5,17 +5,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MetricCollection
-from torchmetrics.classification import (
-    MulticlassAccuracy,
-    MulticlassF1Score,
-    MulticlassJaccardIndex,
-)
 
 from trainlab.engine import Task
 
 # Per-channel mean/std used to normalise uint8 images: a fixed 0.5/0.5 keeps it dataset-agnostic.
 IMAGE_MEAN, IMAGE_STD = 0.5, 0.5
+
+
+def metric_collection(num_classes: int, *names: str):
+    """A torchmetrics MetricCollection of the named metrics (imported here: at the first evaluation, not start-up)."""
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassJaccardIndex
+
+    made = {
+        "accuracy": lambda: MulticlassAccuracy(num_classes, average="micro"),
+        "pixel_accuracy": lambda: MulticlassAccuracy(num_classes, average="micro"),
+        "macro_f1": lambda: MulticlassF1Score(num_classes, average="macro"),
+        "mean_iou": lambda: MulticlassJaccardIndex(num_classes, average="macro"),
+    }
+    return MetricCollection({name: made[name]() for name in names})
 
 
 def to_float_images(images: torch.Tensor) -> torch.Tensor:
@@ -61,10 +69,7 @@ def classification_task(model: nn.Module, num_classes: int, label_smoothing: flo
         return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
     def metrics():
-        return MetricCollection({
-            "accuracy": MulticlassAccuracy(num_classes, average="micro"),
-            "macro_f1": MulticlassF1Score(num_classes, average="macro"),
-        })
+        return metric_collection(num_classes, "accuracy", "macro_f1")
 
     return Task("classifier", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=True,
                 head=head, head_lr=head_lr)
@@ -93,10 +98,7 @@ def segmentation_task(model: nn.Module, num_classes: int, dice_weight: float = 0
         return ce + dice_weight * soft_dice_loss(logits, masks) if dice_weight else ce
 
     def metrics():
-        return MetricCollection({
-            "mean_iou": MulticlassJaccardIndex(num_classes, average="macro"),
-            "pixel_accuracy": MulticlassAccuracy(num_classes, average="micro"),
-        })
+        return metric_collection(num_classes, "mean_iou", "pixel_accuracy")
 
     return Task("segmenter", model, loss_fn, metrics, prepare, primary_metric="mean_iou", conv=True)
 
@@ -109,9 +111,6 @@ def text_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0) 
         return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
     def metrics():
-        return MetricCollection({
-            "accuracy": MulticlassAccuracy(num_classes, average="micro"),
-            "macro_f1": MulticlassF1Score(num_classes, average="macro"),
-        })
+        return metric_collection(num_classes, "accuracy", "macro_f1")
 
     return Task("text", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=False)

@@ -64,6 +64,30 @@ def test_return_attention_matches_forward_and_rows_sum_to_one():
         assert att[1, :, :, 4:].abs().max() == 0  # no attention to pad keys
 
 
+def test_bf16_autocast_runs_attention_in_fp32_on_cpu():
+    """Under CPU autocast the attention itself stays fp32 (faster there); its output keeps the autocast dtype."""
+    model = build_text_model(tiny(), VOCAB, 4, MAX_LEN).eval()
+    seen = []
+    hook = model.blocks[0].attn.proj.register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+    real_sdpa = F.scaled_dot_product_attention
+    dtypes = []
+
+    def spy(q, *args, **kwargs):
+        dtypes.append(q.dtype)
+        return real_sdpa(q, *args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            fast = model(batch())
+        explicit, _ = model(batch(), return_attention=True)
+    finally:
+        F.scaled_dot_product_attention = real_sdpa
+        hook.remove()
+    assert dtypes == [torch.float32, torch.float32] and seen[0] == torch.bfloat16
+    torch.testing.assert_close(fast.float(), explicit.detach(), atol=0.05, rtol=0)
+
+
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_all_padding_input_is_finite(pooling):
     model = build_text_model(tiny(pooling=pooling), VOCAB, 4, MAX_LEN)

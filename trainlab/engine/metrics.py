@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
-from torchmetrics import Metric, MetricCollection
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric, MetricCollection
 
 # torchmetrics counts classes with a (samples x classes**2) comparison when deterministic algorithms are on:
 # updates are fed in chunks of at most this many elements so that memory stays bounded.

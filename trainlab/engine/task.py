@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torchmetrics import MetricCollection
 
 from trainlab.engine.batches import Batch
+
+if TYPE_CHECKING:
+    from torchmetrics import MetricCollection
 
 # (batch on the device, training?, augmentation generator or None) -> (inputs, targets)
 PrepareBatch = Callable[[Batch, bool, "torch.Generator | None"], tuple[torch.Tensor, torch.Tensor]]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torchvision.models as tvm
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -15,11 +14,7 @@ from trainlab.config import ClassifierParams
 from trainlab.errors import CheckpointError
 from trainlab.models.init import init_weights
 
-TORCHVISION_ARCHS = {
-    "resnet18": tvm.resnet18,
-    "mobilenet_v3_small": tvm.mobilenet_v3_small,
-    "efficientnet_b0": tvm.efficientnet_b0,
-}
+TORCHVISION_ARCHS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0")  # torchvision.models builders by name
 
 
 def checkpoint_block(block: nn.Module, *args, enabled: bool):
@@ -94,7 +89,7 @@ class TorchvisionClassifier(nn.Module):
         net = self.backbone
         if not (self.checkpointing and self.training and torch.is_grad_enabled()):
             return net(x)
-        if isinstance(net, tvm.ResNet):  # the torchvision forwards, with each residual block checkpointed
+        if type(net).__name__ == "ResNet":  # the torchvision forwards, with each residual block checkpointed
             x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
             blocks, last = [*net.layer1, *net.layer2, *net.layer3, *net.layer4], net.fc
         else:
@@ -122,7 +117,9 @@ def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) ->
 
 
 def _build_torchvision(p: ClassifierParams, num_classes: int, in_channels: int) -> TorchvisionClassifier:
-    net = init_weights(TORCHVISION_ARCHS[p.arch](weights=None), p.init)
+    import torchvision.models  # ~1 s of imports: only for these architectures
+
+    net = init_weights(getattr(torchvision.models, p.arch)(weights=None), p.init)
     if p.pretrained:
         load_weights(net, p.pretrained)
     if in_channels != 3:
