@@ -11,6 +11,7 @@ from trainlab.config import ClassifierParams
 from trainlab.engine import metrics as engine_metrics
 from trainlab.engine.metrics import update_in_chunks
 from trainlab.evaluation import (
+    SHIFTS,
     class_keys,
     classification_metrics,
     confusion_rows,
@@ -18,6 +19,7 @@ from trainlab.evaluation import (
     predict_logits,
     segmentation_metrics,
     summarize,
+    tta_mode,
 )
 from trainlab.models import build_classifier
 
@@ -98,18 +100,38 @@ class LeftHeavy(nn.Module):
 def test_flip_tta_unflips_dense_logits():
     x = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(0))
     model = Pointwise()
-    assert torch.allclose(predict_logits(model, x, tta=True, dense=True), predict_logits(model, x), atol=1e-6)
+    assert torch.allclose(predict_logits(model, x, tta="flip", dense=True), predict_logits(model, x), atol=1e-6)
     left = LeftHeavy()
     expected = (left(x) + left(x.flip(-1)).flip(-1)) / 2
-    assert torch.allclose(predict_logits(left, x, tta=True, dense=True), expected)
-    assert not torch.allclose(predict_logits(left, x, tta=True, dense=True), left(x))
+    assert torch.allclose(predict_logits(left, x, tta="flip", dense=True), expected)
+    assert not torch.allclose(predict_logits(left, x, tta="flip", dense=True), left(x))
 
 
 def test_flip_tta_averages_image_logits():
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
     x = torch.rand(3, 1, 3, 4, generator=torch.Generator().manual_seed(2))
     expected = (model(x) + model(x.flip(-1))) / 2
-    assert torch.allclose(predict_logits(model, x, tta=True), expected)
+    assert torch.allclose(predict_logits(model, x, tta="flip"), expected)
+
+
+def test_shift_tta_moves_dense_logits_back_and_averages_image_logits():
+    x = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(3))
+    pointwise = Pointwise()  # shifting in and out again is the identity for a pixel-wise model
+    assert torch.allclose(predict_logits(pointwise, x, tta="shift", dense=True), pointwise(x), atol=1e-6)
+    left = LeftHeavy()
+    expected = (left(x) + sum(torch.roll(left(torch.roll(x, s, (-2, -1))), (-s[0], -s[1]), (-2, -1))
+                              for s in SHIFTS)) / 5
+    assert torch.allclose(predict_logits(left, x, tta="shift", dense=True), expected, atol=1e-6)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(36, 4))
+    expected = (model(x) + sum(model(torch.roll(x, s, (-2, -1))) for s in SHIFTS)) / 5
+    assert torch.allclose(predict_logits(model, x, tta="shift"), expected, atol=1e-6)
+
+
+def test_tta_mode_mirrors_only_where_the_data_allows():
+    assert tta_mode({"hflip": True}, "classifier") == "flip"
+    assert tta_mode({"hflip": False}, "segmenter") == "shift"
+    assert tta_mode({}, "classifier") == "shift"  # data prepared before the flag existed: no mirroring
+    assert tta_mode({"hflip": True}, "text") == "none"
 
 
 def test_feature_layers_pick_an_early_and_a_late_activation():

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,8 @@ from trainlab.config import BaseParams
 from trainlab.repro import derived_seed, environment, generator, seed_everything
 from trainlab.runtime import cpu_supports_bf16, resolve_runtime
 from trainlab.tasks import random_shift
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cpu_runtime_resolves_precision_from_the_cpu():
@@ -34,6 +40,28 @@ def test_determinism_flag_is_applied_and_reported():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+@pytest.mark.parametrize("compiling", [False, True])
+def test_determinism_loads_the_inductor_only_when_compiling(compiling):
+    """torch.use_deterministic_algorithms imports torch._inductor (~1 s of a stage's start); only compile needs it."""
+    code = textwrap.dedent(f"""
+        import sys, torch
+        from trainlab.config import BaseParams
+        from trainlab.runtime import resolve_runtime
+        resolve_runtime(BaseParams(device="cpu", deterministic=True, compile={compiling}))
+        assert torch.are_deterministic_algorithms_enabled()
+        loaded = "torch._inductor.config" in sys.modules
+        assert loaded == {compiling}, loaded
+        if loaded:
+            assert sys.modules["torch._inductor.config"].deterministic
+        from trainlab.engine.metrics import bincount_allowed
+        with bincount_allowed(torch.device("cpu")):
+            assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert ("torch._inductor.config" in sys.modules) == {compiling}
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+
+
 def test_cuda_requested_without_cuda_is_a_params_error():
     from trainlab.errors import ParamsError
 

@@ -1,4 +1,4 @@
-"""Evaluate the three trained models on their test splits: flip TTA, torchmetrics metrics, confusion data, pictures."""
+"""Evaluate the three trained models on their test splits: TTA, torchmetrics metrics, confusion data, pictures."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def load_text_extras(inputs: TaskInputs) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Computing: predictions with optional flip TTA, metrics
+# Computing: predictions with optional TTA (flip or shift), metrics
 
 
 def classification_metrics(num_classes: int) -> MetricCollection:
@@ -180,12 +180,26 @@ def segmentation_metrics(num_classes: int) -> MetricCollection:
     })
 
 
-def predict_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, dense: bool = False) -> torch.Tensor:
-    """Float logits; with `tta` the mean of the logits for x and its horizontal flip (un-flipped when `dense`)."""
+SHIFTS = ((1, 0), (-1, 0), (0, 1), (0, -1))  # (dy, dx) one-pixel moves of the "shift" TTA
+
+
+def tta_mode(meta: dict[str, Any], name: str) -> str:
+    """The label-preserving TTA for this data: "flip" where meta.json allows mirroring, else "shift" (digits)."""
+    return "none" if name == "text" else "flip" if meta.get("hflip") else "shift"
+
+
+def predict_logits(model: nn.Module, x: torch.Tensor, tta: str = "none", dense: bool = False) -> torch.Tensor:
+    """Float logits. `tta` "flip" averages in the horizontal mirror; "shift" the four one-pixel shifts (for data a
+    mirror would relabel, like digits). Dense logits are moved back (un-flipped, un-shifted) before averaging."""
     logits = model(x).float()
-    if tta:
+    if tta == "flip":
         flipped = model(x.flip(-1)).float()
-        logits = (logits + (flipped.flip(-1) if dense else flipped)) / 2
+        return (logits + (flipped.flip(-1) if dense else flipped)) / 2
+    if tta == "shift":
+        for dy, dx in SHIFTS:
+            moved = model(torch.roll(x, (dy, dx), (-2, -1))).float()
+            logits = logits + (torch.roll(moved, (-dy, -dx), (-2, -1)) if dense else moved)
+        return logits / (1 + len(SHIFTS))
     return logits
 
 
@@ -224,7 +238,7 @@ def run_test_split(inputs: TaskInputs, runtime: Runtime, batch_size: int, tta: b
         if task.conv and runtime.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with runtime.autocast():
-            logits = predict_logits(inputs.model, x, tta and inputs.name != "text", dense)
+            logits = predict_logits(inputs.model, x, tta_mode(inputs.meta, inputs.name) if tta else "none", dense)
         predicted = task.predict(logits)
         update_in_chunks(metrics, predicted, y, n_classes)
         if not dense or sum(len(p) for p in kept) < keep:
@@ -239,7 +253,10 @@ def run_test_split(inputs: TaskInputs, runtime: Runtime, batch_size: int, tta: b
 
 def feature_layers(model: nn.Module, x: torch.Tensor, count: int = 2) -> list[str]:
     """A few graph nodes of a classifier to show as feature maps: an early and a late activation with a spatial map."""
-    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+    from torchvision.models.feature_extraction import (
+        create_feature_extractor,
+        get_graph_node_names,
+    )
 
     nodes = get_graph_node_names(model)[1][1:-1]  # eval graph, without the input and the logits
     shapes = {k: v.shape for k, v in create_feature_extractor(model, nodes)(x[:1]).items()}

@@ -40,12 +40,24 @@ def generator(seed: int, *keys: int | str, device: str | torch.device = "cpu") -
     return g
 
 
-def configure_determinism(deterministic: bool) -> dict[str, bool]:
+def set_deterministic_algorithms(mode: bool, warn_only: bool = False, compiling: bool = False) -> None:
+    """torch.use_deterministic_algorithms, without its import of torch._inductor (~1 s) when nothing compiles.
+
+    The public function also sets the inductor's own `deterministic` flag, which matters only to torch.compile:
+    it is called when compiling, or when the inductor is loaded already.
+    """
+    if compiling or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
+def configure_determinism(deterministic: bool, compiling: bool = False) -> dict[str, bool]:
     """Turn deterministic algorithms on (and cudnn.benchmark off), or allow the fast nondeterministic ones."""
     if deterministic:
         # cuBLAS needs this before its first use to be deterministic.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic, warn_only=False)
+    set_deterministic_algorithms(deterministic, compiling=compiling)
     # Filling every new tensor with NaN costs ~15% of a CPU step; nothing here reads uninitialised memory.
     torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = deterministic

@@ -79,7 +79,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def resolve_runtime(base: BaseParams) -> Runtime:
     """Resolve the base params into concrete settings and apply the global switches (determinism, TF32)."""
     device = resolve_device(base.device)
-    flags = configure_determinism(base.deterministic)
+    flags = configure_determinism(base.deterministic, compiling=base.compile)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = base.tf32
         torch.backends.cudnn.allow_tf32 = base.tf32

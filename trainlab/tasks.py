@@ -15,7 +15,11 @@ IMAGE_MEAN, IMAGE_STD = 0.5, 0.5
 def metric_collection(num_classes: int, *names: str):
     """A torchmetrics MetricCollection of the named metrics (imported here: at the first evaluation, not start-up)."""
     from torchmetrics import MetricCollection
-    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassJaccardIndex
+    from torchmetrics.classification import (
+        MulticlassAccuracy,
+        MulticlassF1Score,
+        MulticlassJaccardIndex,
+    )
 
     made = {
         "accuracy": lambda: MulticlassAccuracy(num_classes, average="micro"),

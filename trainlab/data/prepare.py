@@ -29,8 +29,9 @@ def prepare_classification(params: Params, folder: Path, allow_download: bool, l
                                    "labels": torch.from_numpy(data.labels[split])})
     size = stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(data.labels[s]) for s in sources.SPLITS})
+    hflip = params.data.classification.source in sources.MIRROR_SAFE_SOURCES  # flips for augmentation and TTA
     save_meta(folder, {"task": "classification", "source": data.description, "num_classes": len(data.class_names),
-                       "class_names": data.class_names, **size, "counts": counts})
+                       "class_names": data.class_names, **size, "counts": counts, "hflip": hflip})
     log(f"classification ({data.description}): {split_counts_text(counts)}; "
         f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}")
     return {"num_classes": len(data.class_names), **size, "samples": counts,
@@ -46,7 +47,7 @@ def prepare_segmentation(params: Params, folder: Path, log: Log) -> dict[str, An
     size = stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(data.masks[s]) for s in sources.SPLITS})
     save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": len(data.class_names),
-                       "class_names": data.class_names, **size, "counts": counts})
+                       "class_names": data.class_names, **size, "counts": counts, "hflip": False})
     log(f"segmentation ({data.description}): {split_counts_text(counts)}; "
         f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}")
     return {"num_classes": len(data.class_names), **size, "samples": counts, **data.extra,

@@ -16,6 +16,10 @@ from trainlab.errors import DataError
 EMBEDDED_DIGITS_KEY = "mnist_5k"
 
 
+# Classification sources whose labels survive a horizontal mirror (photos, clothes); digits do not.
+MIRROR_SAFE_SOURCES = frozenset({"fashion_mnist", "cifar10"})
+
+
 @dataclass
 class ImageSplits:
     """Per split: uint8 images (N, C, H, W) and int64 labels; the class names; a one-line description."""

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainlab.repro import set_deterministic_algorithms
+
 if TYPE_CHECKING:
     from torchmetrics import Metric, MetricCollection
 
@@ -27,11 +29,11 @@ def bincount_allowed(device: torch.device) -> Iterator[None]:
         yield
         return
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
+    set_deterministic_algorithms(False)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        set_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def update_in_chunks(metrics: Metric | MetricCollection, preds: torch.Tensor, target: torch.Tensor,

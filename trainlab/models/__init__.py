@@ -6,7 +6,11 @@ from torch import nn
 
 from trainlab.config import ClassifierParams, SegmenterParams, TextParams
 from trainlab.errors import CheckpointError
-from trainlab.models.classifier import backbone_parameters, build_classifier, head_parameters
+from trainlab.models.classifier import (
+    backbone_parameters,
+    build_classifier,
+    head_parameters,
+)
 from trainlab.models.init import init_weights
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model

@@ -1,0 +1,62 @@
+"""A short, readable summary of the pipeline's reports: headline test metrics, training times, best throughput."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trainlab.cli import run_cli
+
+HEADLINE = {  # task -> (primary metric, label), (second metric, label)
+    "classifier": (("accuracy", "accuracy"), ("macro_f1", "macro-F1")),
+    "segmenter": (("mean_iou", "mean IoU"), ("pixel_accuracy", "pixel accuracy")),
+    "text": (("accuracy", "accuracy"), ("baseline_accuracy", "TF-IDF baseline accuracy")),
+}
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} when the stage has not written it yet."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def summary_lines(reports: Path) -> list[str]:
+    """Markdown lines: one row per model, then where the rest of the numbers and pictures are."""
+    evaluation = read(reports / "evaluate" / "metrics.json")
+    profile = read(reports / "profile" / "metrics.json")
+    lines = ["| model | test metric | also | training stage | fastest training setting (profile) |",
+             "|---|---|---|---|---|"]
+    for task, ((key, label), (other, other_label)) in HEADLINE.items():
+        metrics = evaluation.get(task, {})
+        timing = read(reports / task / "timing.json")
+        best = max(((setting, figures) for setting, figures in profile.get(task, {}).items()
+                    if isinstance(figures, dict) and "train_samples_per_s" in figures),
+                   key=lambda item: item[1]["train_samples_per_s"], default=None)
+        lines.append("| " + " | ".join([
+            task,
+            f"{label} {metrics[key]:.4f}" if key in metrics else "not evaluated yet",
+            f"{other_label} {metrics[other]:.4f}" if other in metrics else "",
+            f"{timing['stage_time_s']:.0f} s" if "stage_time_s" in timing else "",
+            (f"{best[0]}: {best[1]['train_samples_per_s']:,.0f} samples/s, MFU {best[1]['train_mfu']:.0%}"
+             if best and "train_mfu" in best[1] else ""),
+        ]) + " |")
+    lines += ["", f"Every number: `dvc metrics show`; curves and confusion matrices: `dvc plots show`; pictures: "
+              f"{reports / 'evaluate'}/*.png; profile report: {reports / 'profile' / 'report.md'}; "
+              "runs: `mlflow ui --backend-store-uri sqlite:///mlflow.db`."]
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainlab.summary", description=__doc__)
+    parser.add_argument("reports", type=Path, nargs="?", default=Path("reports"), help="the reports folder")
+    args = parser.parse_args(argv)
+    print("\n".join(summary_lines(args.reports)))
+
+
+if __name__ == "__main__":
+    run_cli(main)
