@@ -84,7 +84,8 @@ def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job(prefec
         return proc.stdout
 
     run("work-pool", "create", "trainlab-process", "--type", "process")
-    run("--no-prompt", "deploy", "--prefect-file", "pipelines/prefect.yaml", "--all", "--cron", "0 3 * * *")
+    run("--no-prompt", "deploy", "--prefect-file", "pipelines/prefect.yaml", "--name", "trainlab-retrain", "--cron",
+        "0 3 * * *")
     run("deployment", "run", "trainlab-retrain/trainlab-retrain")
     run("worker", "start", "--pool", "trainlab-process", "--run-once")
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 
-from tests.pipelines.conftest import dvc
+from tests.pipelines.conftest import BIN, dvc, stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -57,3 +59,68 @@ def test_sweep_runs_points_two_at_a_time_as_experiments_and_mlflow_runs(first_pi
     # the workspace itself is untouched
     assert (tiny_env / "params.yaml").read_text() == params_before
     assert "up to date" in dvc(["status"], tiny_env).stdout
+
+
+def test_sweep_points_run_on_a_work_pool_by_its_worker(first_pipeline_run, tiny_env, tmp_path):
+    """`--deployment`: each point is a flow run of the deployed sweep_point flow, run by a process worker."""
+    import mlflow
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from pipelines.sweep import POINT_FLOW_NAME, sweep
+
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PWD": str(tiny_env)}
+    prefect = str(BIN / "prefect")
+
+    def run(*args: str) -> None:
+        proc = subprocess.run([prefect, *args], cwd=tiny_env, env=env, capture_output=True, text=True, timeout=180,
+                              check=False)
+        assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+
+    run("work-pool", "create", "sweep-pool", "--type", "process")
+    run("--no-prompt", "deploy", "--prefect-file", "pipelines/prefect.yaml", "--name", "sweep-point",
+        "--pool", "sweep-pool")
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "sweep-pool", "--limit", "2"], cwd=tiny_env,
+                                  env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        summary = sweep(grid={"classifier.lr": [0.004, 0.005]}, concurrency=2, name="pooled",
+                        targets=["train_classifier"], root=str(tiny_env),
+                        deployment=f"{POINT_FLOW_NAME}/sweep-point")
+    finally:
+        stop_process_group(worker)
+
+    assert summary["ok"], f"{summary}\n{log.read_text()[-4000:]}"
+    assert [p["name"] for p in summary["points"]] == ["pooled-01", "pooled-02"]
+    for point in summary["points"]:
+        assert {s["stage"]: s["status"] for s in point["stages"]}["train_classifier"] == "ran"
+
+    # the worker ran them: two completed flow runs of the deployment, named after the points
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(f"{POINT_FLOW_NAME}/sweep-point")
+        flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+    assert deployment.work_pool_name == "sweep-pool"
+    assert sorted(r.name for r in flow_runs if r.state.is_completed()) == ["pooled-01", "pooled-02"]
+
+    shown = json.loads(dvc(["exp", "show", "--json"], tiny_env).stdout)
+    exps = {e["name"]: e["data"] for b in shown for exp in (b.get("experiments") or []) for e in exp["revs"]}
+    assert {exps[n]["params"]["params.yaml"]["data"]["classifier"]["lr"] for n in ("pooled-01", "pooled-02")} == {
+        0.004, 0.005}
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tiny_env / 'mlflow.db'}")
+    runs = [client.get_run(p["mlflow_run_id"]) for p in summary["points"]]
+    assert {r.data.params["classifier.lr"] for r in runs} == {"0.004", "0.005"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {summary["mlflow_run_id"]}
+
+
+def test_an_unknown_deployment_is_a_clear_error_before_any_point_runs(prefect_api, tiny_repo):
+    from pipelines.sweep import sweep
+    from trainlab.errors import ParamsError
+
+    with pytest.raises(ParamsError, match="not on the Prefect server"):
+        sweep(grid={"classifier.lr": [0.004]}, name="nowhere", root=str(tiny_repo),
+              deployment="trainlab-sweep-point/missing")
+    with pytest.raises(ParamsError, match="FLOW/DEPLOYMENT"):
+        sweep(grid={"classifier.lr": [0.004]}, name="nowhere", root=str(tiny_repo), deployment="no-slash")
