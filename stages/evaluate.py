@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainlab.cli import run_cli
 from trainlab.config import DEFAULT_PARAMS, load_params
-from trainlab.evaluation import describe, run_evaluation
+from trainlab.stage_cli import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -21,7 +21,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    metrics = run_evaluation(load_params(args.params), args.data_dir, args.models_dir, args.out_dir)
+    params = load_params(args.params)  # bad params fail here, before torch is imported
+    probe_tracking(params)  # an unreachable server too (or its local fallback)
+    from trainlab.evaluation import describe, run_evaluation
+
+    metrics = run_evaluation(params, args.data_dir, args.models_dir, args.out_dir)
     print(describe(metrics))
     print(f"evaluate: wrote {args.out_dir}")
     return metrics

@@ -10,9 +10,7 @@ from typing import Any
 from trainlab.atomic import atomic_dir, write_json
 from trainlab.cli import run_cli
 from trainlab.config import DEFAULT_PARAMS, Params, load_params
-from trainlab.data.prepare import prepare_all
-from trainlab.data.stats import flatten_numeric
-from trainlab.tracking import start_run
+from trainlab.stage_cli import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,7 +34,12 @@ def run_params(params: Params) -> dict[str, Any]:
 
 def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
-    params = load_params(args.params)
+    params = load_params(args.params)  # bad params fail here, before torch is imported
+    probe_tracking(params)  # an unreachable server too (or its local fallback)
+    from trainlab.data.prepare import prepare_all
+    from trainlab.data.stats import flatten_numeric
+    from trainlab.tracking import start_run
+
     started = time.perf_counter()
     with start_run(params, stage="prepare") as tracker:
         tracker.log_params(run_params(params))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trainlab.cli import run_cli
 from trainlab.config import DEFAULT_PARAMS, load_params
+from trainlab.stage_cli import probe_tracking
 
 TASKS = ("classifier", "segmenter", "text")  # trainlab.profiling.stage.TASKS, named here to keep torch unloaded
 
@@ -30,12 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     params = load_params(args.params)  # bad params fail here, before torch is imported
-    if params.tracking.enabled:
-        from trainlab.tracking import resolve_tracking_uri
-
-        uri = resolve_tracking_uri(params, check=True)  # an unreachable server too (or its local fallback)
-        if uri != resolve_tracking_uri(params):
-            params.tracking.uri = uri
+    probe_tracking(params)  # an unreachable server too (or its local fallback)
     from trainlab.profiling.stage import profile_models
 
     profile_models(params, args.data_dir, args.models_dir, args.out_dir, tasks=args.tasks)

@@ -1,4 +1,4 @@
-"""The command line shared by the training stages; params and the MLflow server are checked before torch is imported."""
+"""Every stage's first checks (params, then the MLflow server, before torch loads); the training command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,19 @@ import argparse
 import os
 from pathlib import Path
 
-from trainlab.config import load_params
+from trainlab.config import Params, load_params
+
+
+def probe_tracking(params: Params) -> None:
+    """Report an unreachable MLflow server now, before torch and the stage's work load (exit 6 within seconds);
+    when `tracking.fallback_to_local` chose the local store instead, the stage logs there."""
+    if not params.tracking.enabled:
+        return
+    from trainlab.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(params, check=True)
+    if uri != resolve_tracking_uri(params):
+        params.tracking.uri = uri
 
 
 def train_stage_main(name: str, argv: list[str]) -> None:
@@ -19,13 +31,8 @@ def train_stage_main(name: str, argv: list[str]) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     params = load_params(args.params)
-    if params.tracking.enabled and os.environ.get("RANK", "0") == "0":
-        from trainlab.tracking import resolve_tracking_uri
-
-        # an unreachable MLflow server is reported now, before torch loads; a fallback to the local store is kept
-        uri = resolve_tracking_uri(params, check=True)
-        if uri != resolve_tracking_uri(params):
-            params.tracking.uri = uri
+    if os.environ.get("RANK", "0") == "0":
+        probe_tracking(params)
     dist_params = params.base.distributed
     if dist_params.nproc_per_node * dist_params.nnodes > 1 and "LOCAL_RANK" not in os.environ:
         from trainlab.distributed import torchrun_command

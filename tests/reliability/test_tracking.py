@@ -79,6 +79,24 @@ def test_unreachable_server_is_reported_within_10_s_before_training(tmp_path, pr
     assert tree(ws) == before  # nothing written: no checkpoint, model, report or mlflow.db
 
 
+@pytest.mark.parametrize("module, args", [
+    ("stages.prepare", ["data/prepared_new", "reports/data_stats.json"]),
+    ("stages.evaluate", ["data/prepared", "models", "reports/evaluate"]),
+    ("stages.profile", ["data/prepared", "models", "reports/profile"]),
+])
+def test_other_stages_report_an_unreachable_server_before_their_work(tmp_path, prepared, module, args):
+    uri = f"http://127.0.0.1:{free_port()}"
+    ws = make_workspace(tmp_path / "ws", prepared, tiny_params({"tracking": {"enabled": True, "uri": uri}}))
+    before = tree(ws)
+    started = time.monotonic()
+    proc = run_stage(module, args, ws, timeout=60)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 10
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "is unreachable" in proc.stderr and "(from tracking.uri)" in proc.stderr
+    assert tree(ws) == before
+
+
 def expected_params(params: dict) -> set[str]:
     from trainlab.config import Params
     from trainlab.tracking import flatten_params
