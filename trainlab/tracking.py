@@ -598,7 +598,6 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
 
     uri = resolve_tracking_uri(params, check=True)  # probes http(s) servers before importing mlflow
 
-    import mlflow
     from mlflow.entities import RunStatus
 
     db = _sqlite_path(uri)
