@@ -230,6 +230,31 @@ def test_models_register_in_the_tracking_store_whatever_the_global_registry(para
     assert mlflow_client(f"sqlite:///{elsewhere}").search_registered_models() == []
 
 
+def test_models_register_in_the_tracking_store_whatever_the_global_tracking_uri(params, store, tmp_path_factory,
+                                                                              migrated_db):
+    elsewhere = tmp_path_factory.mktemp("other_tracking") / "mlflow.db"
+    shutil.copyfile(migrated_db, elsewhere)
+    mlflow.set_tracking_uri(f"sqlite:///{elsewhere}")  # a global left behind by some other code in the process
+    params.tracking.uri = f"sqlite:///{store}/mlflow.db"  # (it also set $MLFLOW_TRACKING_URI, which params override)
+    try:
+        with start_run(params, stage="train_classifier") as tracker:
+            version = tracker.log_model(torch.nn.Linear(4, 2), "classifier", torch.randn(2, 4), "tiny")
+        assert mlflow.get_tracking_uri() == f"sqlite:///{elsewhere}"  # put back as it was
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert version == "1" and [m.name for m in client_for(store).search_registered_models()] == ["tiny"]
+
+
+def test_logging_a_model_leaves_mlflows_globals_as_they_were(params, store, monkeypatch):
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    with start_run(params, stage="train_classifier") as tracker:
+        tracker.log_model(torch.nn.Linear(4, 2), "classifier", torch.randn(2, 4), "tiny")
+    assert tracking_utils._tracking_uri is None  # the variable was not turned into a sticky global
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{store}/mlflow.db"
+
+
 def test_log_model_needs_an_input_example(params, store):
     with start_run(params, stage="train_text") as tracker:
         with pytest.raises(ValueError, match="input_example"):

@@ -101,11 +101,12 @@ def segmentation_overlays(images: torch.Tensor, masks: torch.Tensor, predicted: 
     axes = fig.subplots(count, 3, squeeze=False)
     for k in range(count):
         show_image(axes[k, 0], images[k])
-        agree = float((predicted[k] == masks[k]).float().mean())
+        wrong = int((predicted[k] != masks[k]).sum())
         for ax, mask, title in ((axes[k, 1], masks[k], "truth"), (axes[k, 2], predicted[k], "prediction")):
             ax.imshow(mask.detach().cpu().numpy(), cmap=cmap, vmin=-0.5, vmax=n - 0.5, interpolation="nearest")
             ax.set_axis_off()
-            ax.set_title(title if title == "truth" else f"{title} ({agree:.0%} pixels right)", fontsize=9)
+            ax.set_title(title if title == "truth" else f"{title} ({wrong} of {masks[k].numel()} pixels wrong)",
+                         fontsize=9)
         axes[k, 0].set_title(f"test canvas {k}", fontsize=9)
     handles = [Patch(facecolor=cmap(i), edgecolor="0.5", label=name) for i, name in enumerate(class_names)]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(n, 6), fontsize=8, frameon=False)

@@ -326,15 +326,23 @@ def _already_exists(exc: BaseException) -> bool:
 
 @contextmanager
 def _global_tracking_uri(uri: str) -> Iterator[None]:
-    """Point mlflow's process-global tracking URI at ``uri`` for calls that only read the global one."""
-    import mlflow
+    """Point mlflow's process-global tracking URI at ``uri`` for calls that only read the global one
+    (log_model; the registry's create_model_version), then put back exactly what was there.
 
-    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    ``mlflow.set_tracking_uri`` also writes $MLFLOW_TRACKING_URI, so the global and the variable are saved apart:
+    restoring through get_tracking_uri() would turn a caller's environment variable into a sticky global.
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved_global, saved_env = tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(saved_global)  # None also removes the variable
+        if saved_env is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -513,8 +521,10 @@ class MlflowTracker:
         except Exception as exc:
             if not _already_exists(exc):
                 raise
-        version = _retry(self._client.create_model_version, name=registered_model_name,
-                         source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id)
+        # The SQL registry resolves `models:/<id>` with MlflowClient(): the global tracking URI (an MLflow TODO).
+        with _global_tracking_uri(self.tracking_uri):
+            version = _retry(self._client.create_model_version, name=registered_model_name,
+                             source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id)
         try:
             logged = self._client.get_logged_model(model_id)
             links = json.loads(logged.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
