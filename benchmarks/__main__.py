@@ -95,6 +95,9 @@ def main(argv: list[str]) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device is available here (use --device auto or cpu)", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     env = environment(torch.device(device))
     log(f"parts {', '.join(args.parts)} on {env['device']} ({env['device_name']}, {env['torch_threads']} threads)"

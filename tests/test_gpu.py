@@ -1,0 +1,110 @@
+"""CUDA checks (`pytest -m gpu`, on a machine with an NVIDIA GPU): the engine, the three tasks and determinism on
+the device. Skipped where no CUDA device is present; everything here also runs on CPU in the other tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.test_loop import CFG, assert_bitwise_equal, make_task, tiny_data, weights
+from trainlab.config import BaseParams, SegmenterParams, TextParams
+from trainlab.engine import evaluate, fit, scalars
+from trainlab.models import build_segmenter, build_text_model
+from trainlab.repro import seed_everything
+from trainlab.runtime import resolve_runtime
+from trainlab.tasks import segmentation_task
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")]
+
+
+def cuda_runtime(**kw):
+    return resolve_runtime(BaseParams(device="cuda", **kw))
+
+
+def canvases(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Bright squares on a dark 16x16 canvas; the mask marks them with class 1 or 2 (by brightness)."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 40, (n, 1, 16, 16), generator=g, dtype=torch.uint8)
+    masks = torch.zeros(n, 16, 16, dtype=torch.uint8)
+    for i in range(n):
+        r, c = torch.randint(0, 10, (2,), generator=g).tolist()
+        cls = 1 + i % 2
+        images[i, 0, r:r + 6, c:c + 6] = 140 if cls == 1 else 250
+        masks[i, r:r + 6, c:c + 6] = cls
+    return {"images": images, "masks": masks}
+
+
+def test_auto_precision_is_bf16_on_a_bf16_gpu_and_the_model_lives_there():
+    rt = cuda_runtime()
+    assert rt.device.type == "cuda"
+    assert rt.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    result = fit(make_task(), tiny_data(256), tiny_data(64, 1), CFG, rt, seed=0)
+    assert next(result.model.parameters()).device.type == "cuda"
+    losses = [r["train_loss"] for r in result.history]
+    assert losses[-1] < losses[0] * 0.7
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_same_seed_gives_bitwise_equal_weights_on_cuda(precision):
+    rt = cuda_runtime(precision=precision, deterministic=True)
+    runs = []
+    for _ in range(2):
+        seed_everything(11)
+        runs.append(weights(fit(make_task(), tiny_data(128), tiny_data(32, 1), CFG, rt, seed=11).model))
+    assert_bitwise_equal(*runs)
+
+
+def test_stop_and_resume_on_cuda_is_bitwise_equal(tmp_path):
+    from trainlab.engine import TrainingInterrupted
+
+    rt = cuda_runtime(deterministic=True)
+    cfg = CFG.model_copy(update={"ema_decay": 0.9})
+    train, val = tiny_data(160), tiny_data(32, 1)
+    seed_everything(3)
+    reference = fit(make_task(), train, val, cfg, rt, seed=3)
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        fit(make_task(), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a", stop_at_step=7)
+    resumed = fit(make_task(seed=5), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a")
+    assert resumed.resumed_from_step == 7
+    assert_bitwise_equal(weights(reference.model), weights(resumed.model))
+
+
+def test_segmentation_loss_and_metrics_run_under_deterministic_algorithms_on_cuda():
+    """CE with reduction='none' + soft Dice: no op without a deterministic CUDA kernel; two runs are equal."""
+    rt = cuda_runtime(deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+    cfg = SegmenterParams(base_channels=8, depth=2, epochs=2, batch_size=8, lr=3e-3, warmup_epochs=0)
+    runs = []
+    for _ in range(2):
+        seed_everything(2)
+        task = segmentation_task(build_segmenter(cfg, num_classes=3, in_channels=1), 3)
+        result = fit(task, canvases(64), canvases(16, 1), cfg, rt, seed=2)
+        runs.append(weights(result.model))
+    assert_bitwise_equal(*runs)
+    test = scalars(evaluate(task, result.model, canvases(16, 2), rt, 8))
+    assert 0.0 <= test["mean_iou"] <= 1.0 and test["pixel_accuracy"] > 0.5
+
+
+def test_text_model_bf16_autocast_on_cuda_matches_fp32():
+    model = build_text_model(TextParams(d_model=32, n_heads=4, n_layers=2, dim_feedforward=64, dropout=0.0), 100,
+                             num_classes=3, max_length=16).cuda().eval()
+    tokens = torch.randint(3, 100, (8, 16), device="cuda")
+    tokens[4:, 10:] = 0  # padding
+    with torch.no_grad():
+        exact = model(tokens)
+        with torch.autocast("cuda", torch.bfloat16):
+            fast = model(tokens)
+    torch.testing.assert_close(fast.float(), exact, atol=0.05, rtol=0.05)
+
+
+def test_compiled_classifier_step_on_cuda_matches_eager():
+    rt = cuda_runtime(precision="fp32", compile=True)
+    cfg = CFG.model_copy(update={"epochs": 1})
+    seed_everything(4)
+    compiled = fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, rt, seed=4)
+    seed_everything(4)
+    eager = fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, cuda_runtime(precision="fp32"), seed=4)
+    first = [r["train_loss"] for r in compiled.history]
+    assert first == pytest.approx([r["train_loss"] for r in eager.history], rel=1e-3)
