@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 from benchmarks.common import REPO, PartResult, Skip, alternate, fmt, log, table
+from pipelines.overrides import deep_merge
+from pipelines.workspace import copy_worktree
 
 BIN = Path(sys.executable).parent
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
@@ -40,28 +42,9 @@ COLD_START_OVERRIDES = {"classifier": {"epochs": 1, "max_steps": 1}}
 COLD_START_STAGE = ("stages.train_classifier", "data/prepared/classification")
 
 
-def deep_merge(base: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def known_sections(params: dict, extra: dict) -> dict:
     """Only the sections params.yaml has (the profile section may not exist yet)."""
     return {k: v for k, v in extra.items() if k in params}
-
-
-def copy_worktree(src: Path, dst: Path) -> None:
-    """The working tree's files (tracked and untracked, not ignored) as they are now."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=src,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (src / rel).is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, dst / rel)
 
 
 def base_env(root: Path) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 from collections.abc import Mapping, Sequence
@@ -60,6 +61,16 @@ def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
             raise ParamsError(f"--grid {key}: no values")
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
+    """`extra` merged into the nested params dict `base` (in place, and returned); values are copied."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
 
 
 def validated_params(root: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> Params:

@@ -138,6 +138,16 @@ def copy_uncommitted(root: Path, workspace: Path) -> int:
     return count
 
 
+def copy_worktree(src: Path, dst: Path, skip: Callable[[str], bool] = lambda rel: False) -> None:
+    """The files of `src`'s working tree as they are now (tracked, and untracked but not ignored) into `dst`,
+    except the relative paths `skip` names."""
+    listed = git(["ls-files", "--cached", "--others", "--exclude-standard", "-z"], src).stdout.split("\0")
+    for rel in filter(None, listed):
+        if not skip(rel) and (src / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+
+
 def reuse_outputs(root: Path, workspace: Path, stages: list[StageInfo], env: Mapping[str, str]) -> None:
     """Check out cached outputs from the shared cache and copy `cache: false` outputs from `root`.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from pipelines.overrides import deep_merge
+from pipelines.workspace import copy_worktree
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -102,23 +104,17 @@ def commit_all(root: Path, message: str = "test repo") -> None:
     git(["commit", "--quiet", "--no-verify", "-m", message], root)
 
 
-def copy_worktree(src: Path, dst: Path) -> None:
-    """The files of the working tree (tracked and untracked, not ignored) as they are now."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=src,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (src / rel).is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, dst / rel)
+def task_runs_by_name(flow_run_id: str) -> dict[str, list]:
+    """The task runs of a flow run, grouped by task run name (retries of one task share its name)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-
-def deep_merge(base: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    found: dict[str, list] = {}
+    for run in runs:
+        found.setdefault(run.name, []).append(run)
+    return found
 
 
 def make_tiny_repo(dst: Path) -> Path:

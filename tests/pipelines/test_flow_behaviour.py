@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pipelines.execute import PermanentStageError
-from tests.pipelines.conftest import dvc, git, make_fake_repo
+from tests.pipelines.conftest import dvc, git, make_fake_repo, task_runs_by_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -79,18 +79,6 @@ SEEDED_FILES = {
                   cache: false
     """,
 }
-
-
-def task_runs_by_name(flow_run_id: str) -> dict[str, list]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    found: dict[str, list] = {}
-    for run in runs:
-        found.setdefault(run.name, []).append(run)
-    return found
 
 
 def test_transient_failures_retry_permanent_ones_fail_at_once_and_block_dependents(prefect_api, tmp_path):

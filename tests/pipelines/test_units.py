@@ -145,3 +145,35 @@ def test_bad_input_is_one_clear_line_and_exit_2(module, argv, message, monkeypat
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_deep_merge_merges_nested_sections_and_copies_values():
+    extra = {"classifier": {"lr": 0.1, "milestones": [1, 2]}, "new": {"x": 1}}
+    base = {"classifier": {"lr": 0.01, "epochs": 3}, "text": {"epochs": 4}}
+    merged = ov.deep_merge(base, extra)
+    assert merged is base
+    assert base == {"classifier": {"lr": 0.1, "epochs": 3, "milestones": [1, 2]}, "text": {"epochs": 4},
+                    "new": {"x": 1}}
+    base["classifier"]["milestones"].append(3)
+    assert extra["classifier"]["milestones"] == [1, 2]  # copied, not shared
+
+
+def test_copy_worktree_takes_tracked_and_untracked_files_but_not_ignored_or_skipped(tmp_path):
+    from pipelines.workspace import copy_worktree
+    from tests.pipelines.conftest import commit_all, git
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    git(["init", "--quiet"], src)
+    (src / ".gitignore").write_text("ignored.txt\n")
+    (src / "tracked.txt").write_text("t")
+    (src / "sub").mkdir()
+    (src / "sub" / "skipped.txt").write_text("s")
+    commit_all(src)
+    (src / "tracked.txt").write_text("edited")
+    (src / "untracked.txt").write_text("u")
+    (src / "ignored.txt").write_text("i")
+    copy_worktree(src, dst, skip=lambda rel: rel.startswith("sub/"))
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == [
+        ".gitignore", "tracked.txt", "untracked.txt"]
+    assert (dst / "tracked.txt").read_text() == "edited"  # as the files are now, not as committed

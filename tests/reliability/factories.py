@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pipelines.overrides import deep_merge
+from pipelines.workspace import copy_worktree
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin" if (REPO / ".venv" / "bin" / "python").exists() else Path(sys.executable).parent
@@ -40,15 +41,6 @@ CHECKPOINT = Path("checkpoints/classifier/last.pt")
 # What `git ls-files` lists but a DVC repo copy does not need (or must not inherit: state of this workspace).
 SKIP_PREFIXES = ("tests/", "benchmarks/", "data/prepared/", "models/", "reports/", "checkpoints/", "mlartifacts/")
 SKIP_FILES = {"dvc.lock", "mlflow.db"}
-
-
-def deep_merge(base: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
 
 
 def tiny_params(*extra: dict) -> dict:
@@ -81,21 +73,13 @@ def git(args: list[str], cwd: Path) -> str:
                           env={**os.environ, **GIT_IDENTITY}).stdout
 
 
-def copy_worktree(dst: Path) -> None:
-    """The repo's files as they are now (tracked, and untracked but not ignored), without tests and outputs."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        if rel.startswith(SKIP_PREFIXES) or rel in SKIP_FILES or "__pycache__" in rel:
-            continue
-        if (REPO / rel).is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dst / rel)
+def not_for_a_repo_copy(rel: str) -> bool:
+    return rel.startswith(SKIP_PREFIXES) or rel in SKIP_FILES or "__pycache__" in rel
 
 
 def make_dvc_repo(dst: Path, params: dict) -> Path:
     """A copy of this repo with `params` as params.yaml, in a fresh Git repo of one commit (no dvc.lock)."""
-    copy_worktree(dst)
+    copy_worktree(REPO, dst, skip=not_for_a_repo_copy)
     write_params(dst / "params.yaml", params)
     git(["init", "--quiet"], dst)
     git(["add", "-A"], dst)

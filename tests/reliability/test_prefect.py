@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipelines.conftest import make_fake_repo
+from tests.pipelines.conftest import make_fake_repo, task_runs_by_name
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -69,18 +69,6 @@ RETRY_FILES = {
         outs: [out/bad_data.txt]
     """,
 }
-
-
-def task_runs_by_name(flow_run_id: str) -> dict[str, list]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    found: dict[str, list] = {}
-    for run in runs:
-        found.setdefault(run.name, []).append(run)
-    return found
 
 
 def test_transient_failure_is_retried_bad_params_or_data_are_not(prefect_api, tmp_path):

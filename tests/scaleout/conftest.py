@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.overrides import deep_merge
 from tests.data.factories import make_image_folder, make_paired_folders, make_text_csv, user_data_section
-from tests.pipelines.conftest import deep_merge, free_port, stop_process_group
+from tests.pipelines.conftest import free_port, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
