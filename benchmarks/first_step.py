@@ -22,7 +22,8 @@ import runpy
 import sys
 
 HEAVY = ("torch", "torchvision", "torchmetrics", "numpy", "pandas", "mlflow", "prefect", "dvc", "sklearn",
-         "matplotlib", "lightning", "safetensors", "pydantic", "yaml", "PIL", "scipy")
+         "matplotlib", "lightning", "safetensors", "pydantic", "yaml", "PIL", "scipy", "torch._dynamo",
+         "torchmetrics", "alembic", "sqlalchemy")
 # Modules after whose import torch is loaded, so the step hooks can be installed.
 HOOK_AFTER = ("trainlab.engine.loop", "trainlab.training")
 

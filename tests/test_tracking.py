@@ -26,7 +26,9 @@ from trainlab.tracking import (
     flatten_params,
     mlflow_client,
     resolve_tracking_uri,
+    PendingTracker,
     start_run,
+    start_run_in_background,
 )
 
 mlflow = pytest.importorskip("mlflow")
@@ -267,6 +269,46 @@ def test_deleted_experiment_is_reported(params, store):
     with pytest.raises(TrackingUnavailable, match="deleted"):
         with start_run(params, stage="prepare"):
             pytest.fail("the body must not run")
+
+
+def test_background_run_replays_calls_made_before_it_opened(params, store):
+    with start_run_in_background(params, stage="train_classifier") as tracker:
+        assert isinstance(tracker, PendingTracker)
+        tracker.log_params({"classifier": {"lr": 0.5}})  # most likely queued: MLflow takes ~1 s to open
+        tracker.log_metrics({"val_accuracy": 0.25}, step=1)
+        tracker.set_tags({"task": "classifier"})
+        run_id = tracker.run_id  # waits for the run
+        tracker.log_metrics({"val_accuracy": 0.75}, step=2)
+    assert not tracker.failed.is_set()
+    client = client_for(store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["classifier.lr"] == "0.5" and run.data.tags["task"] == "classifier"
+    history = client.get_metric_history(run_id, "val_accuracy")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
+
+
+def test_background_run_ends_failed_with_the_bodys_error_and_its_queued_params(params, store):
+    with pytest.raises(ZeroDivisionError):
+        with start_run_in_background(params, stage="train_text") as tracker:
+            tracker.log_params({"text": {"lr": 0.1}})
+            1 / 0
+    client = client_for(store)
+    (run,) = client.search_runs([client.get_experiment_by_name(params.tracking.experiment).experiment_id])
+    assert run.info.status == "FAILED" and run.data.params["text.lr"] == "0.1"
+
+
+def test_background_run_that_cannot_open_sets_failed_and_raises_its_error(params, store, capfd):
+    client = client_for(store)
+    client.delete_experiment(client.create_experiment(params.tracking.experiment))
+    with pytest.raises(TrackingUnavailable, match="deleted"):
+        with start_run_in_background(params, stage="train_segmenter") as tracker:
+            tracker.log_params({"segmenter": {"lr": 0.1}})
+            assert tracker.failed.wait(60), "opening the run should have failed"
+            raise RuntimeError("training stopped because the run could not open")
+    assert "note: training stopped because the run could not open" in capfd.readouterr().err
+    with pytest.raises(TrackingUnavailable):  # any later use raises the same error
+        tracker.log_metrics({"x": 1.0})
 
 
 def test_disabled_yields_null_tracker_and_writes_nothing(params, workdir):

@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -650,6 +651,75 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
             if not body_raised:
                 raise
             print(f"warning: could not mark MLflow run {tracker.run_id} {status}: {exc}", file=sys.stderr)
+
+
+class PendingTracker:
+    """The tracker of a run that `start_run_in_background` is opening on a thread.
+
+    Logging calls made before the run is open are queued and replayed, in order, by the first call after it is;
+    anything else (``run_id``, ``log_model``, ...) waits for it. If opening fails, ``failed`` is set and every later
+    call raises the error opening raised."""
+
+    _QUEUEABLE = frozenset({"log_params", "log_metrics", "set_tags", "log_dict", "log_text"})
+
+    def __init__(self, opening: Future) -> None:
+        self._opening = opening
+        self._queued: list[tuple[str, tuple, dict]] = []
+        self.failed = threading.Event()
+        opening.add_done_callback(lambda f: self.failed.set() if f.exception() is not None else None)
+
+    def wait(self) -> MlflowTracker:
+        """The open run's tracker, once every queued call has been made on it; raises what opening raised."""
+        tracker = self._opening.result()
+        while self._queued:
+            name, args, kwargs = self._queued.pop(0)
+            getattr(tracker, name)(*args, **kwargs)
+        return tracker
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._QUEUEABLE:
+            return getattr(self.wait(), name)
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            if self._opening.done():
+                getattr(self.wait(), name)(*args, **kwargs)
+            else:
+                self._queued.append((name, args, kwargs))
+
+        return call
+
+
+@contextmanager
+def start_run_in_background(params: Params, stage: str, **kwargs: Any) -> Iterator[PendingTracker | NullTracker]:
+    """`start_run` on a thread, so that importing MLflow and opening its store (about 1.5 s on a 2-core CPU) overlap
+    the caller's work instead of delaying it: a training stage's first step comes that much sooner.
+
+    The caller should pass the tracker's ``failed`` event to `fit(stop=...)`, so training stops at its next step
+    (with a checkpoint to resume from) if the run cannot be opened; that error is then what this raises."""
+    if not params.tracking.enabled:
+        yield NullTracker()
+        return
+    opening = start_run(params, stage, **kwargs)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="trainlab-tracking")
+    tracker = PendingTracker(pool.submit(opening.__enter__))
+    pool.shutdown(wait=False)
+    try:
+        yield tracker
+        tracker.wait()
+    except BaseException as exc:
+        error = tracker._opening.exception()
+        if error is None:  # the run is open: log what was queued, then end it as start_run does when its body raises
+            try:
+                tracker.wait()
+            except Exception as log_error:  # noqa: BLE001 - the body's error is the one to report
+                print(f"warning: could not log to MLflow run: {log_error}", file=sys.stderr)
+            if not opening.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+            return
+        if exc is not error:
+            print(f"note: {exc}", file=sys.stderr)
+        raise error from None
+    opening.__exit__(None, None, None)
 
 
 @contextmanager

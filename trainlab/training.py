@@ -147,7 +147,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     """The whole training stage for one task; writes model_dir and reports_dir only on success.
     Under torchrun every rank trains; only rank 0 tracks and writes."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.tracking import NullTracker, start_run
+    from trainlab.tracking import NullTracker, PendingTracker, start_run_in_background
 
     start = time.perf_counter()
     data_dir, model_dir, reports_dir = Path(data_dir), Path(model_dir), Path(reports_dir)
@@ -162,7 +162,11 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
         runtime = dataclasses.replace(runtime, device=torch.device("cuda", ctx.local_rank))
     seed_everything(seed)
     task = build_task(name, params, meta)
-    tracking = start_run(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
+    # torch.optim imports torch._dynamo (about 1 s) when the first optimizer is built: import it here, before the
+    # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL.
+    import torch._dynamo  # noqa: F401
+
+    tracking = start_run_in_background(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
     ckpt = CHECKPOINT_ROOT / name / "last.pt"
 
     with tracking as tracker:
@@ -172,7 +176,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
         result = fit(task, splits["train"], splits["val"], cfg, runtime, seed, tracker=tracker,
                      checkpoint_path=ckpt, fingerprint=fingerprint(params, name, data_dir),
                      max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
-                     eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm)
+                     eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
+                     stop=tracker.failed if isinstance(tracker, PendingTracker) else None)
         test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
                                 params.base.data_on_device_max_mb))
         seconds = time.perf_counter() - start

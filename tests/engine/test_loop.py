@@ -172,3 +172,22 @@ def test_dataloader_path_matches_device_path():
     b = weights(fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16), cfg, rt, seed=1, max_device_mb=0,
                     num_workers=0).model)
     assert_bitwise_equal(a, b)
+
+
+def test_stop_event_set_by_another_thread_stops_with_a_checkpoint(tmp_path):
+    import threading
+
+    stop = threading.Event()
+    task = make_task()
+    original = task.loss_fn
+
+    def loss_setting_stop(out, y):  # another thread sets the event while the first step runs
+        threading.Thread(target=stop.set).start()
+        return original(out, y)
+
+    task.loss_fn = loss_setting_stop
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted, match="stopped at optimizer step 1; checkpoint saved"):
+        fit(task, tiny_data(128), tiny_data(16), CFG, runtime(precision="fp32"), seed=0, checkpoint_path=ckpt,
+            fingerprint="a", stop=stop)
+    assert ckpt.exists()

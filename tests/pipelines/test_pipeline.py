@@ -52,3 +52,18 @@ def test_second_run_skips_every_stage_and_leaves_dvc_status_clean(first_pipeline
     assert {s["status"] for s in summary["stages"]} == {"skipped"}, summary["stages"]
     assert "up to date" in dvc(["status"], tiny_env).stdout
     assert "test_accuracy" in {k for s in summary["stages"] for k in s["metrics"]}  # read from the workspace
+
+
+def test_bytecode_caches_and_the_raw_data_readme_do_not_make_stages_stale(first_pipeline_run, tiny_env):
+    """.dvcignore: another interpreter's __pycache__ or a doc edit beside the raw data reruns nothing."""
+    cache = tiny_env / "trainlab" / "data" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "splits.cpython-399.pyc").write_bytes(b"\x00bytecode of another interpreter")
+    readme = tiny_env / "data" / "raw" / "README.md"
+    original = readme.read_text()
+    readme.write_text(original + "\nA note added by a user.\n")
+    try:
+        assert "up to date" in dvc(["status"], tiny_env).stdout
+    finally:
+        (cache / "splits.cpython-399.pyc").unlink()
+        readme.write_text(original)

@@ -126,3 +126,22 @@ def test_bad_params_exit_2_and_write_nothing(tmp_path):
     assert "segmenter.dept" in proc.stderr and "did you mean 'segmenter.depth'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_a_run_that_cannot_open_stops_training_with_exit_6_and_writes_nothing(trained, tmp_path):
+    """The MLflow run opens on a thread while training starts; if it fails (here: a deleted experiment), the stage
+    stops, reports that error and writes no outputs."""
+    copy = tmp_path / "deleted"
+    shutil.copytree(trained / "data", copy / "data")
+    shutil.copy(trained / "params.yaml", copy / "params.yaml")
+    shutil.copy(trained / "mlflow.db", copy / "mlflow.db")
+    uri = f"sqlite:///{copy}/mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.delete_experiment(client.get_experiment_by_name("trainlab").experiment_id)
+    proc = subprocess.run([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
+                           "models/classifier", "reports/classifier"], cwd=copy, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": uri},
+                          timeout=600)
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    assert "experiment 'trainlab' is deleted" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (copy / "models").exists() and not (copy / "reports").exists()

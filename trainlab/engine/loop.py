@@ -95,9 +95,10 @@ def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_
 
 
 @contextmanager
-def _stop_on_signals():
-    """SIGINT/SIGTERM set a flag that the loop checks after each optimizer step (main thread only)."""
-    flag = threading.Event()
+def _stop_on_signals(flag: threading.Event | None = None):
+    """SIGINT/SIGTERM set a flag that the loop checks after each optimizer step (main thread only); `flag` may also
+    be set by another thread."""
+    flag = flag if flag is not None else threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
@@ -114,12 +115,13 @@ def _stop_on_signals():
 def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int, *,
         tracker: MetricsSink | None = None, checkpoint_path: str | Path | None = None, fingerprint: str = "",
         max_device_mb: int = 2048, num_workers: int = 2, stop_at_step: int | None = None,
-        eval_batch_size: int = 256, sync_batchnorm: bool = False) -> FitResult:
+        eval_batch_size: int = 256, sync_batchnorm: bool = False, stop: threading.Event | None = None) -> FitResult:
     """Train `task.model` on `train`, validating on `val` after each epoch.
 
     With `checkpoint_path`, the full state is saved at each epoch end (and every `cfg.checkpoint_every_steps`
     optimizer steps), and a checkpoint with the same `fingerprint` found there is resumed from.
-    `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume).
+    `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume); `stop`, set
+    by another thread, stops at the next optimizer step the same way (checkpoint, then TrainingInterrupted).
     Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes `batch_size / world_size`
     samples of every global batch, and only rank 0 reports progress and writes checkpoints.
     """
@@ -205,7 +207,7 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
 
     progress = Progress(total_updates, desc=f"train {task.name}", initial=update, enabled=ctx.is_main)
     try:
-        with _stop_on_signals() as stop_flag:
+        with _stop_on_signals(stop) as stop_flag:
             while epoch < cfg.epochs and update < total_updates:
                 model.train()
                 t0 = time.perf_counter()
