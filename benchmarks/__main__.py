@@ -28,7 +28,6 @@ TARGETS = (
     ("noop_dvc_repro_s", "<=", 1.5, "no-op `dvc repro` (s)"),
     ("cold_start_s", "<=", 4.0, "stage cold start to the first training step (s)"),
     ("prefect_overhead_fraction_default_pipeline", "<=", 0.10, "Prefect overhead / default pipeline wall time"),
-    ("prefect_overhead_fraction_tiny_pipeline", "<=", 0.10, "Prefect overhead / tiny pipeline wall time (stricter)"),
 )
 
 
