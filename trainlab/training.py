@@ -170,6 +170,9 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     ckpt = CHECKPOINT_ROOT / name / "last.pt"
 
     with tracking as tracker:
+        # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone would
+        # leave the others waiting in a collective: there rank 0's next log call raises and torchrun stops them all.
+        stop = tracker.failed if isinstance(tracker, PendingTracker) and not ctx.enabled else None
         tracker.log_params({"base": params.base.model_dump(), name: cfg.model_dump(), "data_source":
                             meta.get("source", "unknown"), "world_size": ctx.world_size})
         tracker.set_tags({**runtime.describe(), "task": name})
@@ -177,7 +180,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
                      checkpoint_path=ckpt, fingerprint=fingerprint(params, name, data_dir),
                      max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
                      eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
-                     stop=tracker.failed if isinstance(tracker, PendingTracker) else None)
+                     stop=stop)
         test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
                                 params.base.data_on_device_max_mb))
         seconds = time.perf_counter() - start
