@@ -1,4 +1,4 @@
-"""Runtime resolution, determinism switches, environment capture and atomic writes."""
+"""Runtime resolution, determinism switches, environment capture, atomic writes and process locks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.atomic import atomic_dir, atomic_path, write_json
+from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json
 from trainlab.config import BaseParams
 from trainlab.repro import derived_seed, environment, generator, seed_everything
 from trainlab.runtime import cpu_supports_bf16, resolve_runtime
@@ -108,6 +108,19 @@ def test_atomic_dir_replaces_whole_or_nothing(tmp_path):
         (d / "c.txt").write_text("3")
     assert sorted(p.name for p in target.iterdir()) == ["c.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
+
+
+def test_process_lock_is_exclusive_until_released(tmp_path):
+    name = f"test:{tmp_path}"
+    with process_lock(name, wait=False) as first:
+        assert first
+        with process_lock(name, wait=False) as second:  # a second open file: flock conflicts as across processes
+            assert not second
+        with process_lock(f"{name}-other", wait=False) as other:
+            assert other
+    with process_lock(name, wait=False) as again:
+        assert again
+    assert list(tmp_path.iterdir()) == []  # the lock file lives in the temp dir, not beside the caller's files
 
 
 def test_random_shift_moves_image_and_mask_together():

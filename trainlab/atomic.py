@@ -1,7 +1,8 @@
-"""Atomic file writes: write to a temp file beside the target, then os.replace, so no half-written outputs."""
+"""Safe file writes (a temp file beside the target, then os.replace: no half-written outputs) and process locks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -64,3 +65,26 @@ def write_json(path: str | Path, data: Any) -> None:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+@contextmanager
+def process_lock(name: str, wait: bool = True) -> Iterator[bool]:
+    """An exclusive inter-process lock (flock) named by `name`, on a file in the temp dir (nothing is written beside
+    the caller's files). Yields True while held; with ``wait=False``, yields False at once if another process holds
+    it. Where flock does not exist (not POSIX), yields True without locking."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"trainlab-{digest}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -9,13 +9,12 @@ import os
 import random
 import re
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
@@ -23,6 +22,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel
 
+from trainlab.atomic import process_lock
 from trainlab.errors import TrackingUnavailable
 
 if TYPE_CHECKING:
@@ -617,7 +617,7 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
     # MLflow 3.17's SQLAlchemy stores create and migrate a fresh DB without a lock (the client does it on
     # construction), so processes starting together on a new mlflow.db break each other's migration:
     # serialise the first touch and the experiment's get-or-create across processes.
-    with _init_lock(db):
+    with process_lock(f"mlflow-init:{db}") if db is not None else nullcontext():
         client = mlflow_client(uri)
         experiment_id = _ensure_experiment(client, params.tracking.experiment,
                                            _artifact_location(uri, params.tracking.experiment))
@@ -720,25 +720,6 @@ def start_run_in_background(params: Params, stage: str, **kwargs: Any) -> Iterat
             print(f"note: {exc}", file=sys.stderr)
         raise error from None
     opening.__exit__(None, None, None)
-
-
-@contextmanager
-def _init_lock(db: Path | None) -> Iterator[None]:
-    """An exclusive inter-process lock (flock on a file in the temp dir) for one SQLite DB; no-op otherwise."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: rely on the retries alone
-        fcntl = None
-    if db is None or fcntl is None:
-        yield
-        return
-    digest = hashlib.sha256(str(db).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"trainlab-mlflow-init-{digest}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ensure_experiment(client: Any, name: str, artifact_location: str | None) -> str:

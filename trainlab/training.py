@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 from trainlab import distributed
-from trainlab.atomic import atomic_dir, atomic_path, write_json
+from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json
 from trainlab.config import Params, TrainParams
 from trainlab.engine import FitResult, Task, evaluate, fit, scalars
-from trainlab.errors import DataError
+from trainlab.errors import CheckpointError, DataError
 from trainlab.repro import environment, seed_everything
 from trainlab.runtime import Runtime, resolve_runtime
 
@@ -166,29 +166,37 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL.
     import torch._dynamo  # noqa: F401
 
-    tracking = start_run_in_background(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
     ckpt = CHECKPOINT_ROOT / name / "last.pt"
-
-    with tracking as tracker:
-        # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone would
-        # leave the others waiting in a collective: there rank 0's next log call raises and torchrun stops them all.
-        stop = tracker.failed if isinstance(tracker, PendingTracker) and not ctx.enabled else None
-        tracker.log_params({"base": params.base.model_dump(), name: cfg.model_dump(), "data_source":
-                            meta.get("source", "unknown"), "world_size": ctx.world_size})
-        tracker.set_tags({**runtime.describe(), "task": name})
-        result = fit(task, splits["train"], splits["val"], cfg, runtime, seed, tracker=tracker,
-                     checkpoint_path=ckpt, fingerprint=fingerprint(params, name, data_dir),
-                     max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
-                     eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
-                     stop=stop)
-        test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
-                                params.base.data_on_device_max_mb))
-        seconds = time.perf_counter() - start
+    run_key = fingerprint(params, name, data_dir)
+    # Two trainings with the same params and data in one folder would resume from each other's checkpoint.
+    lock = process_lock(f"checkpoint:{ckpt.resolve()}:{run_key}", wait=False) if ctx.is_main else nullcontext(True)
+    with lock as own_checkpoint:
+        if not own_checkpoint:
+            raise CheckpointError(f"{ckpt}: another training of the {name} with the same params and data is running "
+                                  "in this folder and would resume from this checkpoint; wait for it to finish, or "
+                                  "train in another folder")
+        tracking = start_run_in_background(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
+        with tracking as tracker:
+            # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone
+            # would leave the others waiting in a collective: there rank 0's next log call raises and torchrun
+            # stops them all.
+            stop = tracker.failed if isinstance(tracker, PendingTracker) and not ctx.enabled else None
+            tracker.log_params({"base": params.base.model_dump(), name: cfg.model_dump(), "data_source":
+                                meta.get("source", "unknown"), "world_size": ctx.world_size})
+            tracker.set_tags({**runtime.describe(), "task": name})
+            result = fit(task, splits["train"], splits["val"], cfg, runtime, seed, tracker=tracker,
+                         checkpoint_path=ckpt, fingerprint=run_key,
+                         max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
+                         eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
+                         stop=stop)
+            test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
+                                    params.base.data_on_device_max_mb))
+            seconds = time.perf_counter() - start
+            if ctx.is_main:
+                write_outputs(name, params, task, result, test, seconds, tracker, runtime, meta, splits["test"],
+                              data_dir, model_dir, reports_dir)
         if ctx.is_main:
-            write_outputs(name, params, task, result, test, seconds, tracker, runtime, meta, splits["test"],
-                          data_dir, model_dir, reports_dir)
-    if ctx.is_main:
-        ckpt.unlink(missing_ok=True)
+            ckpt.unlink(missing_ok=True)
     distributed.teardown()
     return TrainOutcome(test=test, fit=result, run_id=tracker.run_id, seconds=seconds)
 

@@ -145,3 +145,25 @@ def test_a_run_that_cannot_open_stops_training_with_exit_6_and_writes_nothing(tr
     assert proc.returncode == 6, proc.stderr[-2000:]
     assert "experiment 'trainlab' is deleted" in proc.stderr and "Traceback" not in proc.stderr
     assert not (copy / "models").exists() and not (copy / "reports").exists()
+
+
+def test_two_trainings_with_the_same_params_in_one_folder_one_is_refused(trained, tmp_path):
+    """Started together, both would write checkpoints/classifier/last.pt and resume from each other's: one trains,
+    the other exits 4 at once, before any MLflow run, and writes nothing."""
+    copy = tmp_path / "twice"
+    shutil.copytree(trained / "data", copy / "data")
+    shutil.copy(trained / "params.yaml", copy / "params.yaml")
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
+    procs = [subprocess.Popen([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
+                               f"models/classifier_{i}", f"reports/classifier_{i}"], cwd=copy, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    results = [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+    assert sorted(code for code, _, _ in results) == [0, 4], [err[-1000:] for _, _, err in results]
+    winner, loser = sorted(range(2), key=lambda i: results[i][0])
+    assert "another training of the classifier with the same params and data is running" in results[loser][2]
+    assert "Traceback" not in results[loser][2]
+    assert (copy / f"models/classifier_{winner}/model.safetensors").exists()
+    assert not (copy / f"models/classifier_{loser}").exists() and not (copy / f"reports/classifier_{loser}").exists()
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    assert len(client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])) == 1
