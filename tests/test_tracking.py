@@ -21,12 +21,12 @@ from trainlab.config import load_params
 from trainlab.errors import TrackingUnavailable
 from trainlab.tracking import (
     NullTracker,
+    PendingTracker,
     _retry,
     data_hash,
     flatten_params,
     mlflow_client,
     resolve_tracking_uri,
-    PendingTracker,
     start_run,
     start_run_in_background,
 )
@@ -292,7 +292,7 @@ def test_background_run_ends_failed_with_the_bodys_error_and_its_queued_params(p
     with pytest.raises(ZeroDivisionError):
         with start_run_in_background(params, stage="train_text") as tracker:
             tracker.log_params({"text": {"lr": 0.1}})
-            1 / 0
+            raise ZeroDivisionError("the body failed")
     client = client_for(store)
     (run,) = client.search_runs([client.get_experiment_by_name(params.tracking.experiment).experiment_id])
     assert run.info.status == "FAILED" and run.data.params["text.lr"] == "0.1"

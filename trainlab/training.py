@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import importlib
 import json
 import time
 from contextlib import nullcontext
@@ -163,8 +164,9 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     seed_everything(seed)
     task = build_task(name, params, meta)
     # torch.optim imports torch._dynamo (about 1 s) when the first optimizer is built: import it here, before the
-    # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL.
-    import torch._dynamo  # noqa: F401
+    # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL. (Not `import
+    # torch._dynamo`: that would make `torch` a local name of this whole function.)
+    importlib.import_module("torch._dynamo")
 
     ckpt = CHECKPOINT_ROOT / name / "last.pt"
     run_key = fingerprint(params, name, data_dir)
