@@ -288,6 +288,40 @@ def test_background_run_replays_calls_made_before_it_opened(params, store):
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
 
 
+def test_pending_tracker_queues_until_the_run_is_open_then_replays_in_order(params, store):
+    """Deterministic: the run is opened by the test, after the calls, so they must have been queued."""
+    from concurrent.futures import Future
+
+    opening = Future()
+    pending = PendingTracker(opening)
+    pending.log_params({"classifier": {"lr": 0.5}})
+    pending.log_metrics({"loss": 2.0}, step=1)
+    pending.log_metrics({"loss": 1.0}, step=2)
+    with start_run(params, stage="train_classifier") as tracker:
+        assert client_for(store).get_run(tracker.run_id).data.params == {}  # nothing reached MLflow yet
+        opening.set_result(tracker)
+        pending.log_metrics({"loss": 0.5}, step=3)  # the first call after opening replays the queue first
+        assert pending.run_id == tracker.run_id
+    run = client_for(store).get_run(tracker.run_id)
+    assert run.data.params["classifier.lr"] == "0.5" and not pending.failed.is_set()
+    history = client_for(store).get_metric_history(tracker.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0), (3, 0.5)]
+
+
+def test_pending_tracker_of_a_run_that_failed_to_open_raises_its_error():
+    from concurrent.futures import Future
+
+    opening = Future()
+    pending = PendingTracker(opening)
+    pending.log_params({"a": 1})  # queued
+    opening.set_exception(TrackingUnavailable("the store cannot be opened"))
+    assert pending.failed.is_set() and isinstance(pending.opening_error(), TrackingUnavailable)
+    with pytest.raises(TrackingUnavailable, match="cannot be opened"):
+        pending.log_metrics({"x": 1.0})
+    with pytest.raises(TrackingUnavailable):
+        pending.run_id
+
+
 def test_background_run_ends_failed_with_the_bodys_error_and_its_queued_params(params, store):
     with pytest.raises(ZeroDivisionError):
         with start_run_in_background(params, stage="train_text") as tracker:

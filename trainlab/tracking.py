@@ -676,6 +676,10 @@ class PendingTracker:
             getattr(tracker, name)(*args, **kwargs)
         return tracker
 
+    def opening_error(self) -> BaseException | None:
+        """What opening the run raised (None if it opened), once opening has finished."""
+        return self._opening.exception()
+
     def __getattr__(self, name: str) -> Any:
         if name not in self._QUEUEABLE:
             return getattr(self.wait(), name)
@@ -707,7 +711,7 @@ def start_run_in_background(params: Params, stage: str, **kwargs: Any) -> Iterat
         yield tracker
         tracker.wait()
     except BaseException as exc:
-        error = tracker._opening.exception()
+        error = tracker.opening_error()
         if error is None:  # the run is open: log what was queued, then end it as start_run does when its body raises
             try:
                 tracker.wait()
