@@ -108,3 +108,89 @@ def test_compiled_classifier_step_on_cuda_matches_eager():
     eager = fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, cuda_runtime(precision="fp32"), seed=4)
     first = [r["train_loss"] for r in compiled.history]
     assert first == pytest.approx([r["train_loss"] for r in eager.history], rel=1e-3)
+
+
+def graphed_fit(cfg, seed, **kw):
+    seed_everything(seed)
+    return fit(make_task(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=seed,
+               cuda_graphs=True, **kw)
+
+
+def test_graphed_training_learns_and_is_bitwise_reproducible():
+    cfg = CFG.model_copy(update={"ema_decay": 0.9})
+    first, second = graphed_fit(cfg, 21), graphed_fit(cfg, 21)
+    assert first.cuda_graphs and second.cuda_graphs
+    losses = [r["train_loss"] for r in first.history]
+    assert losses[-1] < losses[0] * 0.7
+    assert_bitwise_equal(weights(first.model), weights(second.model))
+
+
+@pytest.mark.parametrize("stop_at", [4, 10])  # mid-epoch, at an epoch boundary
+def test_graphed_stop_and_resume_is_bitwise_equal(tmp_path, stop_at):
+    from trainlab.engine import TrainingInterrupted
+
+    cfg = CFG.model_copy(update={"ema_decay": 0.9})
+    reference = graphed_fit(cfg, 5)
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        graphed_fit(cfg, 5, checkpoint_path=ckpt, fingerprint="a", stop_at_step=stop_at)
+    seed_everything(99)
+    resumed = fit(make_task(seed=7), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=5,
+                  cuda_graphs=True, checkpoint_path=ckpt, fingerprint="a")
+    assert resumed.resumed_from_step == stop_at and resumed.cuda_graphs
+    assert_bitwise_equal(weights(reference.model), weights(resumed.model))
+
+
+def test_graphed_and_eager_training_agree_closely():
+    cfg = CFG.model_copy(update={"epochs": 2})
+    graphed = graphed_fit(cfg, 8)
+    seed_everything(8)
+    eager = fit(make_task(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=8,
+                cuda_graphs=False)
+    assert not eager.cuda_graphs
+    assert [r["train_loss"] for r in graphed.history] == pytest.approx(
+        [r["train_loss"] for r in eager.history], rel=0.05)
+
+
+def _task_and_batch(name: str):
+    """Each of the three real tasks with a batch on the GPU (the default recipes: augmentation, clipping)."""
+    from trainlab.config import Params
+    from trainlab.training import build_task
+
+    if name == "classifier":
+        meta, n = {"num_classes": 10, "channels": 1}, 32
+        batch = {"images": torch.randint(0, 255, (n, 1, 28, 28), dtype=torch.uint8),
+                 "labels": torch.randint(0, 10, (n,))}
+    elif name == "segmenter":
+        meta, n = {"num_classes": 3, "channels": 1}, 8
+        batch = canvases(n)
+    else:
+        meta, n = {"num_classes": 3, "vocab_size": 200, "max_length": 24}, 32
+        batch = {"tokens": torch.randint(1, 200, (n, 24)), "labels": torch.randint(0, 3, (n,))}
+        batch["tokens"][::2, 12:] = 0
+    seed_everything(0)
+    params = Params()
+    return build_task(name, params, meta), getattr(params, name), {k: v.cuda() for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("name", ["classifier", "segmenter", "text"])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_training_step_never_synchronises_with_the_host(name, graphs):
+    from trainlab.engine.step import TrainStep
+
+    task, cfg, batch = _task_and_batch(name)
+    rt = cuda_runtime(precision="bf16")
+    model = task.model.cuda()
+    if task.conv:
+        model = model.to(memory_format=torch.channels_last)
+    step = TrainStep(task, model, cfg, rt, total_updates=100, warmup_updates=3, seed=0, graphs=graphs)
+    step(batch)  # the first call may set things up (lazy optimizer state, the capture)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert step.updates == 6 and int(step.update_count) == 6
+    assert torch.isfinite(step.loss_sum) and int(step.seen) == 6 * len(next(iter(batch.values())))

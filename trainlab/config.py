@@ -39,6 +39,7 @@ class BaseParams(Section):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
+    cuda_graphs: bool | Literal["auto"] = "auto"
     channels_last: bool = True
     tf32: bool = True
     data_on_device_max_mb: int = Field(2048, ge=0)

@@ -190,7 +190,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
                          checkpoint_path=ckpt, fingerprint=run_key,
                          max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
                          eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
-                         stop=stop)
+                         stop=stop, cuda_graphs=params.base.cuda_graphs)
+            tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs)})
             test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
                                     params.base.data_on_device_max_mb))
             seconds = time.perf_counter() - start

@@ -191,3 +191,24 @@ def test_stop_event_set_by_another_thread_stops_with_a_checkpoint(tmp_path):
         fit(task, tiny_data(128), tiny_data(16), CFG, runtime(precision="fp32"), seed=0, checkpoint_path=ckpt,
             fingerprint="a", stop=stop)
     assert ckpt.exists()
+
+
+def test_a_checkpoint_resumed_on_another_device_restores_the_rng_from_the_cpu(tmp_path):
+    """On a GPU the weights are loaded onto the device but the RNG states must stay on the CPU (torch and NumPy
+    restore them only from there). 'meta' stands in for a non-CPU device here: loading the whole checkpoint onto
+    it, as the engine once did with map_location=device, leaves set_rng_state nothing it can read."""
+    from trainlab.engine.checkpoint import set_rng_state
+    from trainlab.engine.loop import resume_state
+
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        fit(make_task(), tiny_data(64), tiny_data(16), CFG, runtime(precision="fp32"), seed=0, checkpoint_path=ckpt,
+            fingerprint="a", stop_at_step=2)
+    state = resume_state(ckpt, torch.device("meta"))
+    assert {v.device.type for v in state["model"].values()} == {"meta"}
+    assert state["rng"]["torch"].device.type == "cpu" and state["rng"]["numpy"]["keys"].device.type == "cpu"
+    set_rng_state(state["rng"])
+    first = torch.rand(3)
+    torch.rand(100)
+    set_rng_state(state["rng"])
+    assert torch.equal(first, torch.rand(3))

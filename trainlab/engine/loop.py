@@ -13,7 +13,6 @@ from typing import Protocol
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from trainlab import distributed
 from trainlab.config import TrainParams
@@ -21,11 +20,10 @@ from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
                                        set_rng_state)
-from trainlab.engine.optim import build_optimizer, build_scheduler, param_groups
 from trainlab.engine.progress import Progress
+from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.task import Task
 from trainlab.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
-from trainlab.repro import generator
 from trainlab.runtime import Runtime
 
 
@@ -49,6 +47,7 @@ class FitResult:
     train_time_s: float = 0.0
     samples_per_s: float = 0.0
     resumed_from_step: int = 0
+    cuda_graphs: bool = False  # the step was captured as a CUDA graph
 
 
 def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -57,12 +56,6 @@ def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()).cpu() for k in keys]) \
         if keys else torch.empty(0)
     return {k: float(v) for k, v in zip(keys, values.tolist())}
-
-
-def to_device_layout(x: torch.Tensor, task: Task, runtime: Runtime) -> torch.Tensor:
-    if task.conv and runtime.channels_last and x.ndim == 4:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
 
 
 @torch.inference_mode()
@@ -115,13 +108,15 @@ def _stop_on_signals(flag: threading.Event | None = None):
 def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int, *,
         tracker: MetricsSink | None = None, checkpoint_path: str | Path | None = None, fingerprint: str = "",
         max_device_mb: int = 2048, num_workers: int = 2, stop_at_step: int | None = None,
-        eval_batch_size: int = 256, sync_batchnorm: bool = False, stop: threading.Event | None = None) -> FitResult:
+        eval_batch_size: int = 256, sync_batchnorm: bool = False, stop: threading.Event | None = None,
+        cuda_graphs: bool | str = "auto") -> FitResult:
     """Train `task.model` on `train`, validating on `val` after each epoch.
 
     With `checkpoint_path`, the full state is saved at each epoch end (and every `cfg.checkpoint_every_steps`
     optimizer steps), and a checkpoint with the same `fingerprint` found there is resumed from.
     `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume); `stop`, set
     by another thread, stops at the next optimizer step the same way (checkpoint, then TrainingInterrupted).
+    `cuda_graphs` (auto, True, False): capture the step as a CUDA graph where the device and settings allow.
     Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes `batch_size / world_size`
     samples of every global batch, and only rank 0 reports progress and writes checkpoints.
     """
@@ -149,122 +144,89 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
     total_updates = cfg.epochs * updates_per_epoch
     if cfg.max_steps:
         total_updates = min(total_updates, cfg.max_steps)
-    warmup = round(cfg.warmup_epochs * updates_per_epoch)
-
-    optimizer = build_optimizer(param_groups(model, cfg.weight_decay, cfg.lr, task.head, task.head_lr), cfg, device)
-    scheduler = build_scheduler(optimizer, total_updates, min(warmup, total_updates), cfg.schedule)
-    scaler = torch.amp.GradScaler(device.type, enabled=runtime.needs_grad_scaler)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True) \
-        if cfg.ema_decay else None
+    graphs, why_not = graphs_plan(cuda_graphs, runtime, cfg, distributed=ctx.enabled)
+    if why_not and ctx.is_main:
+        print(f"{task.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
+    step = TrainStep(task, model, cfg, runtime, total_updates=total_updates,
+                     warmup_updates=round(cfg.warmup_epochs * updates_per_epoch), seed=seed, forward=forward,
+                     graphs=graphs)
     total_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-    epoch, step_in_epoch, update, history = 0, 0, 0, []
-    loss_sum = torch.zeros((), device=device)
-    seen = torch.zeros((), device=device, dtype=torch.long)
-    first_bad = torch.full((), -1, device=device, dtype=torch.long)
-    train_time = 0.0
+    epoch, step_in_epoch, history, train_time = 0, 0, [], 0.0
     ckpt = Path(checkpoint_path) if checkpoint_path else None
     resumed_from = 0
-    state = _load_if_present(ckpt, device)
+    state = resume_state(ckpt, device)
     if state is not None:
         if state.get("fingerprint") == fingerprint:
             # same params and data, but the model code may have changed since: a clear error, not a traceback
             load_model_state(model, state.get("model") or {}, str(ckpt))
             try:
-                optimizer.load_state_dict(state["optimizer"])
-                scheduler.load_state_dict(state["scheduler"])
-                scaler.load_state_dict(state["scaler"])
-                if ema is not None and state.get("ema") is not None:
-                    ema.load_state_dict(state["ema"])
-                epoch, step_in_epoch, update = state["epoch"], state["step_in_epoch"], state["update"]
+                step.load_state_dict(state["step"])
+                epoch, step_in_epoch = state["epoch"], state["step_in_epoch"]
                 history, train_time = list(state["history"]), state["train_time"]
-                loss_sum, seen = state["loss_sum"].to(device), state["seen"].to(device)
                 set_rng_state(state["rng"])
             except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
                 raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "
                                       "delete it to train from the start") from None
-            resumed_from = update
-            print(f"{task.name}: resuming from {ckpt} at epoch {epoch + 1}, optimizer step {update}", flush=True)
+            resumed_from = step.updates
+            print(f"{task.name}: resuming from {ckpt} at epoch {epoch + 1}, optimizer step {step.updates}",
+                  flush=True)
         else:
             print(f"{task.name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
 
     def checkpoint(elapsed: float) -> None:
         if ckpt is None:
             return
-        _raise_if_diverged(first_bad, task.name, ckpt)
+        _raise_if_diverged(step.first_bad, task.name, ckpt)
         if not ctx.is_main:
             distributed.barrier()
             return
         save_checkpoint(ckpt, {
-            "fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "ema": ema.state_dict() if ema is not None else None, "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "update": update, "history": history, "train_time": elapsed,
-            "loss_sum": loss_sum, "seen": seen, "rng": rng_state(),
+            "fingerprint": fingerprint, "model": model.state_dict(), "step": step.state_dict(), "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "history": history, "train_time": elapsed, "rng": rng_state(),
         })
         distributed.barrier()
 
-    progress = Progress(total_updates, desc=f"train {task.name}", initial=update, enabled=ctx.is_main)
+    progress = Progress(total_updates, desc=f"train {task.name}", initial=step.updates, enabled=ctx.is_main)
     try:
         with _stop_on_signals(stop) as stop_flag:
-            while epoch < cfg.epochs and update < total_updates:
+            while epoch < cfg.epochs and step.updates < total_updates:
                 model.train()
                 t0 = time.perf_counter()
-                samples_at_start = int(seen) if step_in_epoch else 0
+                samples_at_start = int(step.seen) if step_in_epoch else 0
                 first_step = step_in_epoch
                 if step_in_epoch == 0:
-                    loss_sum.zero_()
-                    seen.zero_()
-                for step, batch in enumerate(train_batches.epoch(epoch, step_in_epoch), start=step_in_epoch):
-                    if step >= steps_per_epoch:
+                    step.loss_sum.zero_()
+                    step.seen.zero_()
+                for index, batch in enumerate(train_batches.epoch(epoch, step_in_epoch), start=step_in_epoch):
+                    if index >= steps_per_epoch:
                         break
-                    aug = generator(seed, "augment", epoch, step, device=device) if cfg.augment else None
-                    x, y = task.prepare_batch(batch, True, aug)
-                    x = to_device_layout(x, task, runtime)
-                    with runtime.autocast():
-                        loss = task.loss_fn(forward(x), y)
-                    scaler.scale(loss / accum).backward()
-                    loss = loss.detach().float()
-                    first_bad = torch.where(~torch.isfinite(loss) & (first_bad < 0),
-                                            torch.tensor(update, device=device), first_bad)
-                    loss_sum += loss * y.shape[0]
-                    seen += y.shape[0]
-                    step_in_epoch = step + 1
-                    if step_in_epoch % accum:
+                    updated = step(batch)
+                    step_in_epoch = index + 1
+                    if not updated:
                         continue
-                    if cfg.grad_clip:
-                        scaler.unscale_(optimizer)
-                        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                    scaler.step(optimizer)
-                    scaler.update()
-                    optimizer.zero_grad(set_to_none=True)
-                    scheduler.step()
-                    if ema is not None:
-                        ema.update_parameters(model)
-                    update += 1
                     since = time.perf_counter() - t0
-                    progress.step(update, (step_in_epoch - first_step) * cfg.batch_size / max(since, 1e-9),
-                                  lambda: float(loss_sum / seen.clamp(min=1)))
-                    if update >= total_updates:
+                    progress.step(step.updates, (step_in_epoch - first_step) * cfg.batch_size / max(since, 1e-9),
+                                  lambda: float(step.loss_sum / step.seen.clamp(min=1)))
+                    if step.updates >= total_updates:
                         break
-                    if stop_flag.is_set() or update == stop_at_step:
+                    if stop_flag.is_set() or step.updates == stop_at_step:
                         checkpoint(train_time + since)
                         raise TrainingInterrupted(
-                            f"{task.name}: stopped at optimizer step {update}; checkpoint saved to {ckpt}. "
+                            f"{task.name}: stopped at optimizer step {step.updates}; checkpoint saved to {ckpt}. "
                             "Run the same command (or `dvc repro`) again to resume.")
-                    if cfg.checkpoint_every_steps and update % cfg.checkpoint_every_steps == 0:
+                    if cfg.checkpoint_every_steps and step.updates % cfg.checkpoint_every_steps == 0:
                         checkpoint(train_time + since)
-                _raise_if_diverged(first_bad, task.name, ckpt)
+                _raise_if_diverged(step.first_bad, task.name, ckpt)
                 epoch_time = time.perf_counter() - t0
                 train_time += epoch_time
-                totals = distributed.all_reduce_sum(torch.stack([loss_sum, seen.float()]))
+                totals = distributed.all_reduce_sum(torch.stack([step.loss_sum, step.seen.float()]))
                 train_loss = float(totals[0] / totals[1].clamp(min=1))
-                epoch_samples = (int(seen) - samples_at_start) * ctx.world_size
-                eval_model = ema.module if ema is not None else model
-                val_metrics = scalars(evaluate(task, eval_model, val, runtime, eval_batch_size, max_device_mb))
-                row = {"epoch": epoch + 1, "step": update, "train_loss": train_loss,
-                       "lr": optimizer.param_groups[0]["lr"], "samples_per_s": epoch_samples / max(epoch_time, 1e-9),
+                epoch_samples = (int(step.seen) - samples_at_start) * ctx.world_size
+                val_metrics = scalars(evaluate(task, step.eval_model, val, runtime, eval_batch_size, max_device_mb))
+                row = {"epoch": epoch + 1, "step": step.updates, "train_loss": train_loss,
+                       "lr": step.schedule.lr_at(step.updates), "samples_per_s": epoch_samples / max(epoch_time, 1e-9),
                        **{f"val_{k}": v for k, v in val_metrics.items()}}
                 history.append(row)
                 progress.write(f"{task.name} epoch {epoch + 1}/{cfg.epochs}: train_loss {train_loss:.4f} "
@@ -277,24 +239,29 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
     finally:
         progress.close()
 
-    final_model = ema.module if ema is not None else model
-    samples = update * accum * cfg.batch_size
-    return FitResult(model=final_model, history=history, final=history[-1] if history else {},
+    samples = step.updates * accum * cfg.batch_size
+    return FitResult(model=step.eval_model, history=history, final=history[-1] if history else {},
                      params_total=total_params, params_trainable=trainable, train_time_s=train_time,
-                     samples_per_s=samples / max(train_time, 1e-9), resumed_from_step=resumed_from)
+                     samples_per_s=samples / max(train_time, 1e-9), resumed_from_step=resumed_from,
+                     cuda_graphs=graphs)
 
 
-def _load_if_present(ckpt: Path | None, device: torch.device) -> dict | None:
-    """The checkpoint's state, or None when there is none (or it vanished: another run of this task in the same
-    folder finished and removed it between our look and our read)."""
+def resume_state(ckpt: Path | None, device: torch.device) -> dict | None:
+    """The checkpoint's state for training on `device`: the weights there, everything else (RNG states, which torch
+    and NumPy read only on the CPU; optimizer state, which the optimizer moves itself) on the CPU. None when there
+    is no checkpoint (or it vanished: another run of this task in the same folder finished and removed it between
+    our look and our read)."""
     if ckpt is None or not ckpt.exists():
         return None
     try:
-        return load_checkpoint(ckpt, map_location=device)
+        state = load_checkpoint(ckpt, map_location="cpu")
     except CheckpointError:
         if ckpt.exists():
             raise
         return None
+    if isinstance(state.get("model"), dict):
+        state["model"] = {k: v.to(device) for k, v in state["model"].items()}
+    return state
 
 
 def _raise_if_diverged(first_bad: torch.Tensor, name: str, ckpt: Path | None) -> None:

@@ -28,9 +28,16 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float, head: nn.Modu
     return out
 
 
-def build_optimizer(groups: list[dict], cfg: TrainParams, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(groups: list[dict], cfg: TrainParams, device: torch.device,
+                    capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA, foreach elsewhere) or SGD. `capturable`: fused AdamW whose step count and learning
+    rates are device tensors, so that a CUDA graph can replay the update (the LR is then set on the device)."""
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, nesterov=True)
+    if capturable:
+        groups = [{**g, "lr": torch.tensor(g.get("lr", cfg.lr), dtype=torch.float32, device=device)} for g in groups]
+        return torch.optim.AdamW(groups, lr=torch.tensor(cfg.lr, device=device), betas=(0.9, 0.95), fused=True,
+                                 capturable=True)
     # fused kernels are deterministic and fast on CUDA; foreach elsewhere.
     fused = device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
@@ -48,6 +55,49 @@ def warmup_cosine(total_steps: int, warmup_steps: int, schedule: str, min_ratio:
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def warmup_cosine_on_device(step: torch.Tensor, total_steps: int, warmup_steps: int, schedule: str,
+                            min_ratio: float = 0.01) -> torch.Tensor:
+    """warmup_cosine's factor computed from a step count held on the device (float64): no host round trip, so a
+    CUDA graph can replay it."""
+    s = step.double()
+    factor = torch.ones_like(s)
+    if schedule != "constant":
+        progress = ((s - warmup_steps) / max(1, total_steps - warmup_steps)).clamp(0.0, 1.0)
+        factor = min_ratio + (1 - min_ratio) * 0.5 * (1 + torch.cos(math.pi * progress))
+    if warmup_steps:
+        factor = torch.where(s < warmup_steps, (s + 1) / warmup_steps, factor)
+    return factor
+
+
+class LRSchedule:
+    """Each param group's LR at optimizer step k is its base LR x warmup_cosine(k) (what LambdaLR computes, without
+    its state): set from the host for a float LR, or on the device when the LRs are tensors (capturable AdamW)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str):
+        self.optimizer, self.total, self.warmup, self.schedule = optimizer, total_steps, warmup_steps, schedule
+        self.base = [float(g["lr"]) for g in optimizer.param_groups]
+        self.factor = warmup_cosine(total_steps, warmup_steps, schedule)
+        self.on_device = all(torch.is_tensor(g["lr"]) for g in optimizer.param_groups)
+
+    def lr_at(self, step: int) -> float:
+        """The first group's LR for optimizer step `step` (what LambdaLR reports after `step` updates)."""
+        return self.base[0] * self.factor(step)
+
+    def set(self, step: int | torch.Tensor) -> None:
+        """Set the LRs for optimizer step `step` (an int on the host, or a device tensor when `on_device`)."""
+        if self.on_device and torch.is_tensor(step):
+            factor = warmup_cosine_on_device(step, self.total, self.warmup, self.schedule)
+            for group, base in zip(self.optimizer.param_groups, self.base):
+                group["lr"].copy_(base * factor)
+            return
+        factor = self.factor(int(step))
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            if torch.is_tensor(group["lr"]):
+                group["lr"].fill_(base * factor)
+            else:
+                group["lr"] = base * factor
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str):

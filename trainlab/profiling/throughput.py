@@ -14,12 +14,10 @@ from torch import nn
 
 from trainlab.config import TrainParams
 from trainlab.engine.batches import Batch
-from trainlab.engine.loop import to_device_layout
-from trainlab.engine.optim import build_optimizer, param_groups
+from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.task import Task
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import synchronize
-from trainlab.repro import generator
 from trainlab.runtime import Runtime, cpu_supports_bf16
 
 
@@ -65,37 +63,30 @@ class Steps:
     model: nn.Module
     train: Callable[[], None]
     infer: Callable[[], None]
+    cuda_graph: bool = False  # the training step is a CUDA graph
 
 
-def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, seed: int = 0) -> Steps:
-    """The engine's real training step on a copy of the model: prepare_batch (with augmentation when the task
-    trains with it), forward and loss under autocast, backward (scaled for fp16), gradient clipping and the
-    optimizer step; and the evaluation step (prepare, forward under autocast, no grad). `task.model` is untouched."""
+def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, seed: int = 0,
+               cuda_graphs: bool | str = "auto") -> Steps:
+    """The engine's own training step (trainlab.engine.step.TrainStep: augmentation when the task trains with it,
+    forward and loss under autocast, backward, clipping, the optimizer, a CUDA graph where `cuda_graphs` allows)
+    on a copy of the model, and the evaluation step (prepare, forward under autocast, no grad).
+    `task.model` is untouched."""
     device = runtime.device
     model, head = copy.deepcopy((task.model, task.head))  # one deepcopy keeps `head` a submodule of `model`
     model = model.to(device)
     if task.conv and runtime.channels_last:
         model = model.to(memory_format=torch.channels_last)
     forward = torch.compile(model) if runtime.compile else model
-    optimizer = build_optimizer(param_groups(model, cfg.weight_decay, cfg.lr, head, task.head_lr), cfg, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=runtime.needs_grad_scaler)
-    augment = generator(seed, "augment", device=device) if cfg.augment else None
+    copied = dataclasses.replace(task, model=model, head=head)
+    graphs, _ = graphs_plan(cuda_graphs, runtime, cfg)
+    step = TrainStep(copied, model, cfg, runtime, total_updates=10**9, seed=seed, forward=forward, graphs=graphs)
     no_grad = torch.no_grad if runtime.compile else torch.inference_mode
 
     def train() -> None:
         if not model.training:
             model.train()
-        x, y = task.prepare_batch(batch, True, augment)
-        x = to_device_layout(x, task, runtime)
-        with runtime.autocast():
-            loss = task.loss_fn(forward(x), y)
-        scaler.scale(loss).backward()
-        if cfg.grad_clip:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        step(batch)
 
     def infer() -> None:
         if model.training:
@@ -106,7 +97,7 @@ def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, see
             with runtime.autocast():
                 forward(x)
 
-    return Steps(model, train, infer)
+    return Steps(model, train, infer, graphs)
 
 
 @dataclass
