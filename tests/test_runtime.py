@@ -133,3 +133,24 @@ def test_random_shift_moves_image_and_mask_together():
     assert torch.equal((s_img[:, 0] > 0), (s_mask > 0))
     assert (s_img > 0).sum() == (img > 0).sum()  # a 2px shift keeps the centre square inside
     assert not torch.equal(s_img, img)
+
+
+def test_auto_precision_on_cuda_keeps_fp32_for_a_launch_bound_step_and_takes_bf16_for_a_large_one():
+    """The rule is by the step's FLOPs (counted on the CPU), so it is decided the same way on every run; the device
+    is only read here, nothing runs on it."""
+    import dataclasses
+
+    from trainlab.config import Params
+    from trainlab.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
+    from trainlab.training import build_task, settle_auto_precision
+
+    assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP / 4) == "fp32"
+    assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP * 2) in ("bf16", "fp16")
+    cpu = resolve_runtime(BaseParams(device="cpu"))
+    cuda = dataclasses.replace(cpu, device=torch.device("cuda"), precision="bf16")
+    task = build_task("classifier", Params(), {"num_classes": 10, "channels": 1})
+    train = {"images": torch.zeros(1024, 1, 28, 28, dtype=torch.uint8), "labels": torch.zeros(1024, dtype=torch.long)}
+    assert settle_auto_precision(cuda, "auto", task, train, 128).precision == "fp32"  # 28 GFLOP per step
+    assert settle_auto_precision(cuda, "auto", task, train, 1024).precision != "fp32"  # 228 GFLOP per step
+    assert settle_auto_precision(cuda, "bf16", task, train, 128).precision == "bf16"  # asked for: kept
+    assert settle_auto_precision(cpu, "auto", task, train, 128) is cpu  # the CPU rule is resolve_runtime's

@@ -66,7 +66,24 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# On a GPU a small model's step is bound by kernel launches, not arithmetic, and autocast adds cast kernels: bf16
+# was slower than fp32 (TF32) for the classifier at batch 128 (28 GFLOP per training step), the segmenter at 32
+# (28 GFLOP) and the text model at 128 (11 GFLOP), and faster at 228 GFLOP (classifier, batch 1024) and 222 GFLOP
+# (segmenter, batch 256); one H200, 2026-11-30, eager and graphed steps. Below this many GFLOP per training step
+# `precision: auto` keeps fp32 on CUDA. A fixed rule, not a timing, so that the same params compute the same numbers.
+CUDA_BF16_MIN_TRAIN_GFLOP = 100.0
+
+
+def cuda_auto_precision(train_gflop_per_step: float) -> str:
+    """What `precision: auto` means on CUDA for a step of this many GFLOP (see CUDA_BF16_MIN_TRAIN_GFLOP)."""
+    if train_gflop_per_step < CUDA_BF16_MIN_TRAIN_GFLOP:
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
+    """The precision for `name` before the model is known; on CUDA `auto` is settled per model by
+    trainlab.training.settle_auto_precision (bf16 here is its answer for a large step)."""
     if name != "auto":
         return name
     if device.type == "cuda":

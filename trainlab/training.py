@@ -59,6 +59,22 @@ def build_task(name: str, params: Params, meta: dict) -> Task:
     raise ValueError(f"unknown task {name!r}")
 
 
+def settle_auto_precision(runtime: Runtime, requested: str, task: Task, train: dict[str, torch.Tensor],
+                          batch_size: int) -> Runtime:
+    """`precision: auto` on CUDA by the size of the training step (trainlab.runtime.cuda_auto_precision): the FLOPs
+    of one step at `batch_size`, counted on a CPU copy of the model. Anything else is returned unchanged."""
+    if requested != "auto" or runtime.device.type != "cuda":
+        return runtime
+    from trainlab.profiling.flops import flops_per_step
+    from trainlab.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
+
+    gflop = flops_per_step(task, {k: v[:batch_size] for k, v in train.items()})["train"] / 1e9
+    precision = cuda_auto_precision(gflop)
+    print(f"{task.name}: precision auto -> {precision} ({gflop:,.0f} GFLOP per training step; bf16 from "
+          f"{CUDA_BF16_MIN_TRAIN_GFLOP:,.0f} on CUDA)", flush=True)
+    return dataclasses.replace(runtime, precision=precision)
+
+
 def check_prepared(name: str, data_dir: Path, meta: dict, splits: dict[str, dict[str, torch.Tensor]],
                    batch_size: int) -> None:
     """The prepared data fits the task: meta.json keys, every split's tensors present, non-empty, of one length,
@@ -163,6 +179,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
         runtime = dataclasses.replace(runtime, device=torch.device("cuda", ctx.local_rank))
     seed_everything(seed)
     task = build_task(name, params, meta)
+    runtime = settle_auto_precision(runtime, params.base.precision, task, splits["train"], cfg.batch_size)
     # torch.optim imports torch._dynamo (about 1 s) when the first optimizer is built: import it here, before the
     # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL. (Not `import
     # torch._dynamo`: that would make `torch` a local name of this whole function.)
