@@ -1,4 +1,4 @@
-"""DVC stage train_text: train the text classifier (Transformer) and its TF-IDF baseline on the prepared data."""
+"""DVC stage train_text: train the text classifier on the prepared data; its metrics carry the TF-IDF baseline's."""
 
 from trainlab.cli import run_cli
 from trainlab.stage_cli import train_stage_main

@@ -11,7 +11,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 from sklearn.pipeline import make_pipeline
 
+from trainlab.atomic import atomic_dir
 from trainlab.errors import DataError
+
+BASELINE_FILE = "baseline.json"
 
 
 def read_jsonl(path: Path) -> tuple[list[str], np.ndarray]:
@@ -46,3 +49,29 @@ def tfidf_baseline(data_dir: Path, max_features: int, C: float, seed: int, num_c
         "confusion_matrix": confusion_matrix(y_test, pred, labels=list(range(num_classes))).tolist(),
         "predictions": pred.tolist(),
     }
+
+
+def write_baseline(params, data_dir: Path, out_dir: Path) -> dict:
+    """Fit the baseline on the prepared text data with params.text's settings; write out_dir/baseline.json."""
+    from trainlab.data.prepared import load_meta
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    meta = load_meta(data_dir)
+    result = tfidf_baseline(data_dir, params.text.baseline_max_features, params.text.baseline_C, params.base.seed,
+                            meta["num_classes"])
+    with atomic_dir(out_dir) as tmp:
+        (tmp / BASELINE_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline.json written by write_baseline; a DataError naming the file when it is missing or malformed."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (run `dvc repro text_baseline`)") from None
+    except ValueError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not all(isinstance(result.get(k), (int, float)) for k in ("accuracy", "macro_f1")):
+        raise DataError(f"{path}: expected numbers 'accuracy' and 'macro_f1' (run `dvc repro text_baseline`)")
+    return result

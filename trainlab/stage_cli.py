@@ -29,6 +29,9 @@ def train_stage_main(name: str, argv: list[str]) -> None:
     parser.add_argument("model_dir", type=Path, help="where the trained model is written")
     parser.add_argument("reports_dir", type=Path, help="where metrics.json and history.csv are written")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    if name == "text":
+        parser.add_argument("--baseline", type=Path, default=None,
+                            help="the text_baseline stage's baseline.json (default: fit the TF-IDF baseline here)")
     args = parser.parse_args(argv)
     params = load_params(args.params)
     if os.environ.get("RANK", "0") == "0":
@@ -43,7 +46,8 @@ def train_stage_main(name: str, argv: list[str]) -> None:
         os.execv(cmd[0], cmd)
     from trainlab.training import train_task
 
-    outcome = train_task(name, params, args.data_dir, args.model_dir, args.reports_dir)
+    outcome = train_task(name, params, args.data_dir, args.model_dir, args.reports_dir,
+                         baseline_file=getattr(args, "baseline", None))
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for all
         return
     shown = ", ".join(f"{k} {v:.4f}" for k, v in outcome.test.items())

@@ -160,9 +160,10 @@ def write_history(history: list[dict[str, float]], path: Path) -> None:
 
 
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
-               runtime: Runtime | None = None) -> TrainOutcome:
+               runtime: Runtime | None = None, baseline_file: Path | None = None) -> TrainOutcome:
     """The whole training stage for one task; writes model_dir and reports_dir only on success.
-    Under torchrun every rank trains; only rank 0 tracks and writes."""
+    Under torchrun every rank trains; only rank 0 tracks and writes. `baseline_file`: the text model's TF-IDF
+    baseline.json (fitted here when None)."""
     from trainlab.data.prepared import load_meta, load_split
     from trainlab.tracking import NullTracker, PendingTracker, start_run_in_background
 
@@ -214,7 +215,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             seconds = time.perf_counter() - start
             if ctx.is_main:
                 write_outputs(name, params, task, result, test, seconds, tracker, runtime, meta, splits["test"],
-                              data_dir, model_dir, reports_dir)
+                              data_dir, model_dir, reports_dir, baseline_file)
         if ctx.is_main:
             ckpt.unlink(missing_ok=True)
     distributed.teardown()
@@ -223,7 +224,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
 
 def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
                   tracker, runtime: Runtime, meta: dict, test_split: dict[str, torch.Tensor], data_dir: Path,
-                  model_dir: Path, reports_dir: Path) -> None:
+                  model_dir: Path, reports_dir: Path, baseline_file: Path | None = None) -> None:
     """Model, metrics, history and timing files, and the same in MLflow (with the registered model)."""
     summary = {f"test_{k}": v for k, v in test.items()}
     summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
@@ -235,7 +236,7 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "run_id": tracker.run_id,
                                 "environment": environment(runtime.device), "runtime": runtime.describe()}}
     if name == "text":
-        baseline = text_baseline(params, data_dir, meta)
+        baseline = text_baseline(params, data_dir, meta, baseline_file)
         summary.update({"baseline_test_accuracy": baseline["accuracy"],
                         "baseline_test_macro_f1": baseline["macro_f1"]})
         extra_json["baseline.json"] = baseline
@@ -254,10 +255,13 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
                       registered_model_name=registered)
 
 
-def text_baseline(params: Params, data_dir: Path, meta: dict) -> dict:
-    """The TF-IDF + logistic regression bar for the text model, on the same split."""
-    from trainlab.baseline import tfidf_baseline
+def text_baseline(params: Params, data_dir: Path, meta: dict, baseline_file: Path | None = None) -> dict:
+    """The TF-IDF + logistic regression bar for the text model, on the same split: read from `baseline_file` (the
+    text_baseline stage's output, fitted once per prepared data), or fitted now when none is given."""
+    from trainlab.baseline import read_baseline, tfidf_baseline
 
+    if baseline_file is not None:
+        return read_baseline(baseline_file)
     t0 = time.perf_counter()
     result = tfidf_baseline(data_dir, params.text.baseline_max_features, params.text.baseline_C,
                             params.base.seed, meta["num_classes"])

@@ -31,7 +31,7 @@ def test_dag_comes_from_dvc_in_dependency_order():
     by_name = {s.name: s for s in stages}
     assert names[0] == "prepare" and "prepare" in by_name["train_classifier"].upstream
     assert "reports/classifier/metrics.json" in by_name["train_classifier"].metrics
-    assert [s.name for s in select(stages, ["train_text"])] == ["prepare", "train_text"]
+    assert [s.name for s in select(stages, ["train_text"])] == ["prepare", "text_baseline", "train_text"]
     with pytest.raises(DagError, match="unknown stage"):
         select(stages, ["train_nothing"])
 

@@ -167,3 +167,30 @@ def test_two_trainings_with_the_same_params_in_one_folder_one_is_refused(trained
     assert not (copy / f"models/classifier_{loser}").exists() and not (copy / f"reports/classifier_{loser}").exists()
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     assert len(client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])) == 1
+
+
+def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_training(tmp_path):
+    """train_text takes the TF-IDF figures from the text_baseline stage's baseline.json instead of refitting them;
+    a missing file is a clear error naming it."""
+    from trainlab.baseline import read_baseline, write_baseline
+    from trainlab.config import Params
+    from trainlab.errors import DataError
+    from trainlab.training import text_baseline
+
+    data = tmp_path / "text"
+    data.mkdir()
+    rows = [{"text": f"{'good great fine' if i % 2 else 'bad awful poor'} item {i}", "label": i % 2} for i in range(60)]
+    for split, part in (("train", rows[:40]), ("test", rows[40:])):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (data / "meta.json").write_text(json.dumps({"num_classes": 2}))
+    out = tmp_path / "baseline"
+    written = write_baseline(Params(), data, out)
+    assert written["accuracy"] == 1.0 and (out / "baseline.json").exists()
+    assert text_baseline(Params(), data, {"num_classes": 2}, out / "baseline.json") == read_baseline(
+        out / "baseline.json")
+    with pytest.raises(DataError, match=r"nothing\.json: missing"):
+        read_baseline(tmp_path / "nothing.json")
+    proc = subprocess.run([sys.executable, "-m", "stages.text_baseline", str(data), str(tmp_path / "again")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "again" / "baseline.json").read_text())["accuracy"] == written["accuracy"]

@@ -1,0 +1,32 @@
+"""DVC stage text_baseline: fit the TF-IDF + logistic regression bar for the text model once per prepared text data."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainlab.cli import run_cli
+from trainlab.config import DEFAULT_PARAMS, load_params
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m stages.text_baseline", description=__doc__)
+    parser.add_argument("data_dir", type=Path, help="prepared text data (train.jsonl, test.jsonl, meta.json)")
+    parser.add_argument("out_dir", type=Path, help="where baseline.json is written (replaced whole on success)")
+    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    from trainlab.baseline import write_baseline
+
+    result = write_baseline(params, args.data_dir, args.out_dir)
+    print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
+          f"macro-F1 {result['macro_f1']:.4f}; wrote {args.out_dir / 'baseline.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    run_cli(main)
