@@ -110,42 +110,39 @@ def op_breakdown(step, device, top: int = 12) -> dict[str, Any]:
                          "calls": e.count} for e in ranked]}
 
 
+def make_bare_step(task, runtime, batch: dict, cfg, seed: int, graph: bool):
+    """The hand-written reference step (benchmarks.bare) on a copy of the model, set up like the engine's."""
+    import copy
+
+    import torch
+
+    from benchmarks.bare import bare_step
+
+    model = copy.deepcopy(task.model).to(runtime.device)
+    if task.conv and runtime.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    step = bare_step(dataclasses.replace(task, model=model), model, cfg, runtime, batch, graph, seed)
+    return lambda: step()
+
+
 def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS, compile: bool = False,
         out_dir: Path | None = None) -> PartResult:
     """Alternate the matmul peak and each model's engine training step; MFU per round, medians over rounds."""
     from trainlab.profiling import flops_per_step, make_steps, matmul_peak_flops, time_step
     from trainlab.profiling.traces import trace_step
+    from trainlab.training import settle_auto_precision
 
     t0 = time.perf_counter()
     runtime = engine_runtime(device, compile)
     dev = runtime.device
     p = params()
-    precision = runtime.precision
-    size, sweep = best_peak_size(dev, precision, quick)
-    log(f"mfu: {precision} matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in sweep.items()))
-    fp32 = dataclasses.replace(runtime, precision="fp32", channels_last=False, compile=False)
-    fp32_size, fp32_sweep = None, {}
-    if precision != "fp32" and "classifier" in models:
-        fp32_size, fp32_sweep = best_peak_size(dev, "fp32", quick)
-        log("mfu: fp32 matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s" for n, v in fp32_sweep.items()))
-
     target = TARGET_STEP_S["quick" if quick else "full"]
     contenders, info = {}, {}
 
-    def peak_fn(prec: str, n: int, flops: float):
-        # As many matmuls as fill about `target` seconds, like a step timing; the median of their single timings
-        # is robust to a preemption, so on a busy machine the peak errs high and the MFU low (conservative).
-        count = max(3, min(100, round(target / (2 * n**3 / flops))))
-        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else count,
-                                                                  sizes=(n,))}
-
-    contenders[f"peak_{precision}"] = peak_fn(precision, size, sweep[size])
-    if fp32_size:
-        contenders["peak_fp32"] = peak_fn("fp32", fp32_size, fp32_sweep[fp32_size])
-
-    def step_fn(built, steps: int, batch_size: int, flops: int):
+    def step_fn(step, steps: int, batch_size: int, flops: int):
         def run_steps(r, warm):
-            timing = time_step(built.train, dev, steps=1 if warm else steps, warmup=0, repeats=1)
+            timing = time_step(step, dev, steps=1 if warm else steps, warmup=0, repeats=1)
             t = timing.per_step[0]
             return {"step_s": t, "samples_per_s": batch_size / t, "flop_per_s": flops / t}
         return run_steps
@@ -154,28 +151,61 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
         cfg = getattr(p, name)
         task, batch = model_batch(name, cfg.batch_size, dev)
         flops = flops_per_step(task, batch)
-        settings = {f"{name}": runtime}
-        if name == "classifier" and fp32_size:
+        # precision auto as the training stage settles it for this model (fp32 for a small step on CUDA)
+        setting_of_model = settle_auto_precision(runtime, "auto", task, {k: v.cpu() for k, v in batch.items()},
+                                                 cfg.batch_size)
+        fp32 = dataclasses.replace(setting_of_model, precision="fp32", channels_last=False, compile=False)
+        settings = {name: setting_of_model}
+        if name == "classifier" and setting_of_model.precision != "fp32":
             settings[f"{name}[fp32]"] = fp32
+        for kind in ("bare eager", "bare graph"):
+            if kind == "bare graph" and dev.type != "cuda":
+                continue
+            settings[f"{name}[{kind}]"] = setting_of_model
         for label, setting in settings.items():
             # The fp32 reference runs without augmentation: the on-device shift returns channels_last-strided
             # batches, and the reference is meant to be what the plain loop computes (fp32, NCHW throughout).
-            recipe = cfg if setting is runtime else cfg.model_copy(update={"augment": False})
-            built = make_steps(task, setting, batch, recipe, p.base.seed)
-            steps = steps_for(built.train, dev, target)
-            contenders[label] = step_fn(built, steps, cfg.batch_size, flops["train"])
+            recipe = cfg.model_copy(update={"augment": False}) if label.endswith("[fp32]") else cfg
+            if "[bare" in label:
+                step = make_bare_step(task, setting, batch, recipe, p.base.seed, graph=label.endswith("graph]"))
+                cuda_graph = label.endswith("graph]")
+            else:
+                built = make_steps(task, setting, batch, recipe, p.base.seed)
+                step, cuda_graph = built.train, built.cuda_graph
+            steps = steps_for(step, dev, target)
+            contenders[label] = step_fn(step, steps, cfg.batch_size, flops["train"])
             info[label] = {"model": name, "setting": setting.describe(), "precision": setting.precision,
-                           "batch_size": cfg.batch_size, "steps_per_timing": steps,
+                           "batch_size": cfg.batch_size, "steps_per_timing": steps, "cuda_graph": cuda_graph,
                            "train_flop_per_step": flops["train"], "infer_flop_per_step": flops["infer"],
                            "recipe": {"grad_clip": recipe.grad_clip, "augment": recipe.augment,
-                                      "optimizer": recipe.optimizer}}
+                                      "label_smoothing": recipe.label_smoothing, "optimizer": recipe.optimizer}}
             if name == "classifier" and label == name:
-                info[label]["breakdown"] = op_breakdown(built.train, dev)
+                info[label]["breakdown"] = op_breakdown(step, dev)
                 if out_dir is not None:
                     out_dir.mkdir(parents=True, exist_ok=True)
-                    trace_step(built.train, dev, out_dir / "trace_classifier_step.json",
+                    trace_step(step, dev, out_dir / "trace_classifier_step.json",
                                out_dir / "top_ops_classifier_step.txt", warmup=1,
-                               title=f"classifier: one engine training step ({precision}), batch {cfg.batch_size}")
+                               title=f"classifier: one engine training step ({setting.precision}), batch "
+                                     f"{cfg.batch_size}")
+
+    sweeps: dict[str, tuple[int, dict[int, float]]] = {}
+    for precision in dict.fromkeys(m["precision"] for m in info.values()):
+        sweeps[precision] = best_peak_size(dev, precision, quick)
+        log(f"mfu: {precision} matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s"
+                                                        for n, v in sweeps[precision][1].items()))
+
+    def peak_fn(prec: str, n: int, flops: float):
+        # As many matmuls as fill about `target` seconds, like a step timing; the median of their single timings
+        # is robust to a preemption, so on a busy machine the peak errs high and the MFU low (conservative).
+        count = max(3, min(100, round(target / (2 * n**3 / flops))))
+        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else count,
+                                                                  sizes=(n,))}
+
+    for precision, (size, sweep) in sweeps.items():
+        contenders[f"peak_{precision}"] = peak_fn(precision, size, sweep[size])
+    precision = runtime.precision
+    size, sweep = sweeps.get(precision, next(iter(sweeps.values())))
+    fp32_size = sweeps.get("fp32", (None, {}))[0]
 
     comparison = alternate(contenders, repeats, what="mfu")
     results: dict[str, Any] = {"precision": precision, "peak_size": size, "peak_sweep": sweep,
@@ -186,7 +216,7 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
         peaks = comparison.values(peak_key, "flop_per_s")
         paired = [a / b for a, b in zip(achieved, peaks) if b]
         med_a, med_p = comparison.median(label, "flop_per_s"), comparison.median(peak_key, "flop_per_s")
-        best_p = max([*peaks, *(sweep if meta["precision"] == precision else fp32_sweep).values()], default=None)
+        best_p = max([*peaks, *sweeps[meta["precision"]][1].values()], default=None)
         results["models"][label] = {
             **meta, "step_s": comparison.values(label, "step_s"), "achieved_flop_per_s": achieved,
             "peak_flop_per_s": peaks, "median_step_s": comparison.median(label, "step_s"),
@@ -201,6 +231,13 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
     headline = {}
     if "classifier" in results["models"]:
         headline["classifier_engine_mfu"] = results["models"]["classifier"]["mfu"]
+    for name in models:
+        engine = results["models"].get(name, {}).get("median_samples_per_s")
+        headline[f"{name}_engine_step_samples_per_s"] = engine
+        for kind in ("bare eager", "bare graph"):
+            other = results["models"].get(f"{name}[{kind}]", {}).get("median_samples_per_s")
+            if engine and other:
+                headline[f"{name}_engine_over_{kind.replace(' ', '_')}_step"] = engine / other
     return PartResult("mfu", results, markdown(results), headline, time.perf_counter() - t0)
 
 
@@ -214,14 +251,17 @@ def markdown(results: dict[str, Any]) -> str:
                      fmt(m["mfu"], "pct"), fmt(m["mfu_vs_best_peak"], "pct"), fmt(m["spread"], "pct")])
     header = ["model", "dtype", "batch", "GFLOP / train step", "step ms", "samples/s", "achieved GFLOP/s",
               "matmul peak GFLOP/s", "MFU", "MFU vs best peak seen", "spread"]
-    lines = ["## MFU of the engine's training step", "", table(header, rows), "",
+    lines = ["## MFU of the engine's training step (and the hand-written reference steps)", "", table(header, rows), "",
              (f"Peak: square {results['peak_size']}² matmul in the same dtype (trainlab.profiling.matmul_peak_flops), "
               "timed alternately with the steps: the median of as many single matmuls as fill a step timing; 'best "
               "peak seen' is the highest of all peak measurements, sweep included. FLOPs: trainlab.profiling.flops_per_step (matmuls, "
               "convolutions, attention; forward + backward, the optimizer's elementwise update not counted). The "
-              "step is the engine's (trainlab.profiling.make_steps) with params.yaml's recipe (augmentation, grad "
-              "clipping). `classifier[fp32]` is the same step in fp32, NCHW throughout and without augmentation (what the "
-              "plain loop computes), against the fp32 peak, for reference.")]
+              "step is the engine's (trainlab.profiling.make_steps: trainlab.engine.step.TrainStep, a CUDA graph where "
+              "base.cuda_graphs allows) with params.yaml's recipe (augmentation, grad clipping, label smoothing) and "
+              "precision auto as the training stage settles it. `[bare eager]` and `[bare graph]`: the same recipe "
+              "written by hand (benchmarks/bare.py), eager or captured as one CUDA graph (CUDA only). "
+              "`classifier[fp32]` (where auto is not fp32) is the engine's step in fp32, NCHW throughout and without "
+              "augmentation (what the plain loop computes), against the fp32 peak, for reference.")]
     breakdown = results["models"].get("classifier", {}).get("breakdown")
     if breakdown:
         lines += ["", f"Classifier step, self time by op category ({breakdown['total_ms']:.0f} ms profiled): " +

@@ -274,8 +274,58 @@ def lightning_contender(setup: ModelSetup, data: TaskData, device):
         train_s = timer.t1 - timer.t0
         out = {"samples_per_s": timer.samples / train_s, "train_s": train_s, "call_wall_s": clock.wall,
                "cpu_per_wall": clock.cpu / max(clock.wall, 1e-9)}
+        if not warm:  # Trainer.fit leaves the module on the CPU when it ends
+            model = module.model.to(device)
+            out.update({f"test_{k}": v for k, v in test_quality(task, model, data, device).items()})
+        return out
+
+    return run
+
+
+def bare_contender(setup: ModelSetup, data: TaskData, runtime, graph: bool):
+    """The hand-written step (benchmarks.bare) in a loop over the data on the device, in the engine's order and
+    precision; `graph`: the whole step captured as one CUDA graph. Timed from building the step (the capture
+    included) to the last update, like the engine's training time."""
+    import torch
+
+    from benchmarks.bare import bare_step
+    from trainlab.engine.optim import warmup_cosine
+    from trainlab.repro import generator
+
+    def run(repeat: int, warm: bool) -> dict[str, Any]:
+        if graph and runtime.device.type != "cuda":
+            raise Skip("a CUDA graph needs a CUDA device")
+        seed = SEED + max(repeat, 0)
+        cfg = setup.train_params()
+        task = build(setup, data, seed, cfg)
+        dev, size = runtime.device, cfg.batch_size
+        model = task.model.to(dev)
+        if task.conv and runtime.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        train = {k: v.to(dev) for k, v in data.train.items()}
+        n = len(next(iter(train.values())))
+        per_epoch = n // size
+        total = cfg.epochs * per_epoch
+        limit = WARMUP_STEPS if warm else total
+        steps = 0
+        synchronize(dev)
+        with CpuClock() as clock:
+            t0 = time.perf_counter()
+            step = bare_step(task, model, cfg, runtime, {k: v[:size] for k, v in train.items()}, graph, seed,
+                             warmup_cosine(total, 0, cfg.schedule))
+            for epoch in range(cfg.epochs):
+                idx = torch.randperm(n, generator=generator(seed, "shuffle", epoch)).to(dev)
+                for i in range(min(per_epoch, limit - steps)):
+                    sel = idx[i * size:(i + 1) * size]
+                    step({k: v[sel] for k, v in train.items()})
+                    steps += 1
+            synchronize(dev)
+            train_s = time.perf_counter() - t0
+        out = {"samples_per_s": steps * size / train_s, "train_s": train_s, "call_wall_s": clock.wall,
+               "cpu_per_wall": clock.cpu / max(clock.wall, 1e-9)}
         if not warm:
-            out.update({f"test_{k}": v for k, v in test_quality(task, module.model, data, device).items()})
+            out.update({f"test_{k}": v for k, v in test_quality(task, model, data, dev).items()})
         return out
 
     return run
@@ -294,7 +344,9 @@ def compare_model(setup: ModelSetup, repeats: int, device: str, compile: bool = 
     data = task_data(setup.name).subset(setup.train_samples, setup.test_samples)
     runtime = engine_runtime(device, compile)
     contenders = {"engine": engine_contender(setup, data, runtime),
-                  "plain": plain_contender(setup, data, runtime.device)}
+                  "plain": plain_contender(setup, data, runtime.device),
+                  "bare eager": bare_contender(setup, data, runtime, graph=False),
+                  "bare graph": bare_contender(setup, data, runtime, graph=True)}
     if setup.lightning:
         contenders["lightning"] = lightning_contender(setup, data, runtime.device)
     metric = primary_metric(setup.name)
@@ -323,6 +375,8 @@ CONTENDER_SETTINGS = {
     "engine": "{precision}{cl}, data on the device, foreach AdamW",
     "plain": "fp32, DataLoader(TensorDataset), default layout, for-loop AdamW",
     "lightning": "Trainer, precision 32-true, same DataLoader and AdamW",
+    "bare eager": "hand-written step, {precision}{cl}, data on the device, fused AdamW (CUDA)",
+    "bare graph": "hand-written step captured as one CUDA graph, {precision}{cl}, capturable fused AdamW",
 }
 
 
@@ -375,4 +429,9 @@ def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS
         gaps = [abs(v) for v in r["metric_gap_points"].values() if v is not None]
         headline["classifier_max_accuracy_gap_points"] = max(gaps) if gaps else None
         headline["classifier_engine_test_accuracy"] = r["median"].get("engine", {}).get("test_accuracy")
+    for name, r in results.items():
+        for other in ("bare eager", "bare graph", "lightning"):
+            ratio = r["ratios"].get(f"engine/{other}", {}).get("ratio_of_medians")
+            if ratio is not None:
+                headline[f"{name}_engine_over_{other.replace(' ', '_')}"] = ratio
     return PartResult("training_speed", results, markdown(results), headline, time.perf_counter() - t0)
