@@ -188,7 +188,8 @@ class TrainStep:
         graph = torch.cuda.CUDAGraph()
         if self.augment is not None:
             graph.register_generator_state(self.augment)
-        with torch.cuda.graph(graph):
+        # thread_local: the MLflow thread of a training stage may run while this thread captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self._accumulate(self._static)
             self._update(self.update_count, zero_grad=False)
         self._graph = graph
