@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,35 @@ def test_quick_classifier_and_mfu_parts_write_their_reports(tmp_path):
     assert summary["headline"]["classifier_engine_over_plain"] > 0
     assert 0 < summary["headline"]["classifier_engine_mfu"]
     speed = json.loads((tmp_path / "training_speed.json").read_text())["results"]["classifier"]
-    assert set(speed["median"]) >= {"engine", "plain"}
+    assert set(speed["median"]) >= {"engine", "plain", "bare eager"}
+    assert speed["skipped"]["bare graph"] == "a CUDA graph needs a CUDA device"
+    assert summary["headline"]["classifier_engine_over_bare_eager_step"] > 0
+    # scripts/gpu-check's table reads the same files (here without a GPU log or pipeline run)
+    check = tmp_path / "check"
+    shutil.copytree(tmp_path, check / "bench", ignore=shutil.ignore_patterns("check"))
+    (check / "pytest_gpu.log").write_text("...\n12 passed in 40.1s\n")
+    table = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "table", str(check)], cwd=REPO,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0, table.stderr
+    assert "12 passed in 40.1s" in table.stdout and "| classifier[bare eager] | " in table.stdout
+    assert (check / "gpu_check.md").read_text().startswith("# GPU check")
     assert (tmp_path / "summary.md").read_text().startswith("# Benchmarks")
     assert (tmp_path / "top_ops_classifier_step.txt").is_file()
+
+
+def test_the_bare_reference_step_trains_and_refuses_a_graph_without_cuda():
+    import torch
+
+    from benchmarks.bare import bare_step
+    from tests.engine.test_loop import CFG, make_task, runtime, tiny_data
+
+    task, data = make_task(dropout=0.0), tiny_data(64)
+    rt = runtime(precision="fp32")
+    with pytest.raises(ValueError, match="CUDA"):
+        bare_step(task, task.model, CFG, rt, data, graph=True)
+    step = bare_step(task, task.model, CFG, rt, data, graph=False, seed=0, lr_at=lambda k: 1.0)
+    loss = lambda: float(torch.nn.functional.cross_entropy(task.model(data["images"].float() / 255), data["labels"]))
+    before = loss()
+    for _ in range(15):
+        step()
+    assert loss() < before * 0.8
