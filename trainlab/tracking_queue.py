@@ -130,14 +130,14 @@ class QueuedTracker(PendingTracker):
         self.put("log_model", model=model, name=name, input_example=input_example,
                  registered_model_name=registered_model_name)
 
-    def put(self, name: str, **kwargs: Any) -> None:
+    def put(self, method: str, /, **kwargs: Any) -> None:
         if self.error is not None:
             raise self.error
         if self._opening.done() and self.opening_error() is not None:
             raise self.opening_error()
         self._seq += 1
         try:
-            self._queue.put_nowait(Call(self._seq, name, kwargs))
+            self._queue.put_nowait(Call(self._seq, method, kwargs))
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
@@ -250,6 +250,11 @@ def queued_run(opening: Any, tracking: Any, stage: str, spool_key: str | None = 
         if error is not None:
             if exc is not error:
                 print(f"note: {exc}", file=sys.stderr)
+            if is_outage(error) and not isinstance(error, TrackingUnavailable):
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+                raise TrackingUnavailable(f"the MLflow server stopped answering while the run was being opened "
+                                          f"({first}); start it again and rerun (training resumes from the "
+                                          "checkpoint)") from None
             raise error from None
         # The run is open: log what was queued and end it FAILED, but do not hold a failing stage for long.
         if not tracker.finish(_status(exc), tracking.request_timeout_s, patience_s=2 * tracking.request_timeout_s):
