@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from trainlab import distributed
-from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json
+from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json, writing
 from trainlab.config import Params, TrainParams
 from trainlab.engine import FitResult, Task, evaluate, fit, scalars
 from trainlab.errors import CheckpointError, DataError
@@ -126,7 +126,8 @@ def save_model(model: torch.nn.Module, model_dir: Path, extra_files: dict[str, P
     """models/<task>/: model.safetensors (weights), config.json (architecture), plus extra files; atomic."""
     with atomic_dir(model_dir) as tmp:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
+        with writing(tmp / "model.safetensors"):  # safetensors removes its half file: name it in a full-disk error
+            save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n")
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
