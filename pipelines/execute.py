@@ -15,13 +15,22 @@ import yaml
 
 from pipelines.dag import StageInfo
 from pipelines.dvc_cli import CommandResult, run_dvc, stage_changes
-from trainlab.errors import CheckpointError, DataError, ParamsError, TrainingDiverged, UserError
+from trainlab.errors import (
+    CheckpointError,
+    DataError,
+    OutputNotWritten,
+    ParamsError,
+    TrackingUnavailable,
+    TrainingDiverged,
+    UserError,
+)
 
 # A stage that exits with one of these failed on its input: running it again cannot help.
 PERMANENT_EXIT_CODES: dict[int, str] = {
     cls.exit_code: label for cls, label in (
         (ParamsError, "bad params"), (DataError, "bad data"),
-        (CheckpointError, "checkpoint mismatch"), (TrainingDiverged, "training diverged"))
+        (CheckpointError, "checkpoint mismatch"), (TrainingDiverged, "training diverged"),
+        (OutputNotWritten, "disk full"))
 }
 KEY_METRIC_PREFIXES = ("test_", "baseline_")
 MAX_KEY_METRICS = 12
@@ -56,6 +65,24 @@ class TransientStageError(StageFailed):
     """Anything else (a crash, a killed process, DVC's lock held by another command): retried with backoff."""
 
 
+class TrackingDownStageError(StageFailed):
+    """The stage exited 6: its MLflow server is unreachable (its outputs may be written and its calls spooled).
+    Retried only once the server answers again (the rerun then replays the spool instead of training)."""
+
+    permanent = True
+
+    def __init__(self, stage: str, message: str, stage_exit_code: int | None, tracking_uri: str | None) -> None:
+        super().__init__(stage, message, stage_exit_code)
+        self.tracking_uri = tracking_uri
+
+    def server_answers(self) -> bool:
+        if not self.tracking_uri or not self.tracking_uri.lower().startswith(("http://", "https://")):
+            return False
+        from trainlab.tracking import _probe_health
+
+        return _probe_health(self.tracking_uri, 5) is None
+
+
 @dataclass
 class StageOutcome:
     """What happened to one stage in a pipeline run."""
@@ -84,7 +111,7 @@ def execute_stage(stage: StageInfo, workspace: str | os.PathLike, env: Mapping[s
     log(f"{stage.name}: {reason}; running `dvc repro --single-item {stage.name}`")
     result = run_dvc(["repro", "--single-item", stage.name], workspace, env, on_line=log)
     if result.returncode != 0:
-        raise stage_failure(stage.name, result)
+        raise stage_failure(stage.name, result, env.get("MLFLOW_TRACKING_URI"))
     restored = any(status == "restored" for _, status in parse_repro_log(result.lines))
     outcome = StageOutcome(stage.name, "restored" if restored else "ran", time.perf_counter() - started, reason,
                            read_key_metrics(stage, workspace))
@@ -92,11 +119,15 @@ def execute_stage(stage: StageInfo, workspace: str | os.PathLike, env: Mapping[s
     return outcome
 
 
-def stage_failure(stage: str, result: CommandResult) -> StageFailed:
+def stage_failure(stage: str, result: CommandResult, tracking_uri: str | None = None) -> StageFailed:
     """The error for a failed `dvc repro`: permanent when the stage exited with a user-error code."""
     codes = [int(m.group(1)) for line in result.lines for m in [_EXIT_RE.search(line)] if m]
     code = codes[-1] if codes else None
     detail = stage_error_message(result.lines)
+    if code == TrackingUnavailable.exit_code:
+        return TrackingDownStageError(
+            stage, f"stage {stage} failed (MLflow server unreachable, exit {code}; not retried while it is down): "
+            f"{detail}", code, tracking_uri)
     if code in PERMANENT_EXIT_CODES:
         return PermanentStageError(
             stage, f"stage {stage} failed ({PERMANENT_EXIT_CODES[code]}, exit {code}; not retried): {detail}", code)
@@ -127,6 +158,8 @@ def is_transient(task: Any, task_run: Any, state: Any) -> bool:
             exc = err
     if isinstance(exc, TransientStageError):
         return True
+    if isinstance(exc, TrackingDownStageError):
+        return exc.server_answers()
     return not isinstance(exc, UserError)
 
 

@@ -120,7 +120,22 @@ def publish_summary(summary: Mapping[str, Any], tracker: Any) -> None:
     title = f"trainlab pipeline ({summary['experiment'] or 'workspace'}): " + ("ok" if summary["ok"] else "FAILED")
     get_run_logger().info("%s\n%s", title, summary_table(summary, markdown=False))
     create_markdown_artifact(f"## {title}\n\n{table}\n", key="pipeline-summary", description=title)
-    log_summary(tracker, summary)
+    _unless_mlflow_down(log_summary, None, tracker, summary)
+
+
+def _unless_mlflow_down(fn: Callable[..., Any], default: Any, *args: Any) -> Any:
+    """`fn(*args)`, or `default` with one warning line when the MLflow server does not answer (the stages' outcome
+    does not depend on it: their own calls are spooled and replayed)."""
+    from trainlab.tracking_queue import is_outage
+
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        print(f"warning: MLflow server not answering; the flow's summary is not in MLflow ({first})")
+        return default
 
 
 @contextlib.contextmanager
@@ -160,7 +175,7 @@ def pipeline(overrides: dict[str, Any] | None = None, experiment_name: str | Non
             ref = None if errors or not experiment else save_experiment_task(
                 str(repo), str(workspace), experiment, stages, partial=bool(targets))
         summary = build_summary(outcomes, root=repo, experiment=experiment, ref=ref, overrides=overrides,
-                                run_id=tracker.run_id, runs=child_runs(uri, tracker.run_id),
+                                run_id=tracker.run_id, runs=_unless_mlflow_down(child_runs, {}, uri, tracker.run_id),
                                 seconds=time.perf_counter() - started)
         publish_summary(summary, tracker)
         if errors:

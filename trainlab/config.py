@@ -160,6 +160,12 @@ class TrackingParams(Section):
     register_models: bool = True
     fallback_to_local: bool = False
     connect_timeout_s: float = Field(5, gt=0, le=120)
+    # Each MLflow HTTP request (MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES); calls that still fail stay queued
+    # and are retried in the background until the server answers again.
+    request_timeout_s: int = Field(10, ge=1, le=600)
+    request_retries: int = Field(1, ge=0, le=10)
+    outage_grace_s: float = Field(300, ge=0, le=86400)
+    queue_size: int = Field(10000, ge=10, le=1_000_000)
 
 
 class ScheduleParams(Section):

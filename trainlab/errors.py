@@ -35,3 +35,9 @@ class TrackingUnavailable(UserError):
     """The MLflow tracking server cannot be reached."""
 
     exit_code = 6
+
+
+class OutputNotWritten(UserError):
+    """An output (checkpoint, model, report) could not be written: the disk is full or a file-size limit was hit."""
+
+    exit_code = 7

@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -387,6 +387,8 @@ class NullTracker:
 class MlflowTracker:
     """One MLflow run, written through an explicit MlflowClient (no fluent active-run state)."""
 
+    end_deferred = False  # True: start_run leaves ending the run to a QueuedTracker (trainlab.tracking_queue)
+
     def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str,
                  register_models: bool = True) -> None:
         self._client = client
@@ -407,12 +409,14 @@ class MlflowTracker:
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
             _retry(self._client.log_batch, self.run_id, params=chunk)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """Log metrics at ``step`` (0 when None); NaN/inf values are skipped with a warning."""
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None:
+        """Log metrics at ``step`` (0 when None) and ``timestamp_ms`` (now when None); NaN/inf values are skipped
+        with a warning."""
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
-        timestamp = int(time.time() * 1000)
+        timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         items, skipped = [], []
         for key, value in metrics.items():
             try:
@@ -608,6 +612,8 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
         return
 
     uri = resolve_tracking_uri(params, check=True)  # probes http(s) servers before importing mlflow
+    from trainlab.tracking_queue import configure_http
+    configure_http(params.tracking.request_timeout_s, params.tracking.request_retries)
 
     from mlflow.entities import RunStatus
 
@@ -646,7 +652,8 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
         raise
     finally:
         try:
-            _retry(client.set_terminated, tracker.run_id, status)
+            if not tracker.end_deferred:
+                _retry(client.set_terminated, tracker.run_id, status)
         except Exception as exc:
             if not body_raised:
                 raise
@@ -694,36 +701,23 @@ class PendingTracker:
 
 
 @contextmanager
-def start_run_in_background(params: Params, stage: str, **kwargs: Any) -> Iterator[PendingTracker | NullTracker]:
+def start_run_in_background(params: Params, stage: str, spool_key: str | None = None,
+                            outputs: tuple[Path, ...] = (), **kwargs: Any) -> Iterator[PendingTracker | NullTracker]:
     """`start_run` on a thread, so that importing MLflow and opening its store (about 1.5 s on a 2-core CPU) overlap
-    the caller's work instead of delaying it: a training stage's first step comes that much sooner.
+    the caller's work instead of delaying it: a training stage's first step comes that much sooner. Every logging
+    call goes through a bounded queue to a background thread (`trainlab.tracking_queue.QueuedTracker`), so training
+    never waits on the server; a server that went away and is not back `tracking.outage_grace_s` after the body ends
+    gets the calls left spooled under `spool_key` with copies of `outputs`, and TrackingOutage (exit 6).
 
     The caller should pass the tracker's ``failed`` event to `fit(stop=...)`, so training stops at its next step
     (with a checkpoint to resume from) if the run cannot be opened; that error is then what this raises."""
     if not params.tracking.enabled:
         yield NullTracker()
         return
-    opening = start_run(params, stage, **kwargs)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="trainlab-tracking")
-    tracker = PendingTracker(pool.submit(opening.__enter__))
-    pool.shutdown(wait=False)
-    try:
+    from trainlab.tracking_queue import queued_run
+
+    with queued_run(start_run(params, stage, **kwargs), params.tracking, stage, spool_key, outputs) as tracker:
         yield tracker
-        tracker.wait()
-    except BaseException as exc:
-        error = tracker.opening_error()
-        if error is None:  # the run is open: log what was queued, then end it as start_run does when its body raises
-            try:
-                tracker.wait()
-            except Exception as log_error:  # noqa: BLE001 - the body's error is the one to report
-                print(f"warning: could not log to MLflow run: {log_error}", file=sys.stderr)
-            if not opening.__exit__(type(exc), exc, exc.__traceback__):
-                raise
-            return
-        if exc is not error:
-            print(f"note: {exc}", file=sys.stderr)
-        raise error from None
-    opening.__exit__(None, None, None)
 
 
 def _ensure_experiment(client: Any, name: str, artifact_location: str | None) -> str:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from trainlab import distributed
-from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json
+from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json, writing
 from trainlab.config import Params, TrainParams
 from trainlab.engine import FitResult, Task, evaluate, fit, scalars
 from trainlab.errors import CheckpointError, DataError
@@ -142,7 +142,8 @@ def save_model(model: torch.nn.Module, model_dir: Path, extra_files: dict[str, P
     """models/<task>/: model.safetensors (weights), config.json (architecture), plus extra files; atomic."""
     with atomic_dir(model_dir) as tmp:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
+        with writing(tmp / "model.safetensors"):  # safetensors removes its half file: name it in a full-disk error
+            save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n")
         for name, data in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -188,6 +189,11 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
 
     ckpt = CHECKPOINT_ROOT / name / "last.pt"
     run_key = fingerprint(params, name, data_dir)
+    if params.tracking.enabled and not ctx.enabled:
+        restored = _complete_spooled_run(name, run_key, model_dir, reports_dir, start)
+        if restored is not None:
+            ckpt.unlink(missing_ok=True)
+            return restored
     # Two trainings with the same params and data in one folder would resume from each other's checkpoint.
     lock = process_lock(f"checkpoint:{ckpt.resolve()}:{run_key}", wait=False) if ctx.is_main else nullcontext(True)
     with lock as own_checkpoint:
@@ -195,7 +201,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             raise CheckpointError(f"{ckpt}: another training of the {name} with the same params and data is running "
                                   "in this folder and would resume from this checkpoint; wait for it to finish, or "
                                   "train in another folder")
-        tracking = start_run_in_background(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
+        tracking = start_run_in_background(params, stage=f"train_{name}", spool_key=run_key,
+                                           outputs=(model_dir, reports_dir)) if ctx.is_main else nullcontext(NullTracker())
         with tracking as tracker:
             # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone
             # would leave the others waiting in a collective: there rank 0's next log call raises and torchrun
@@ -220,6 +227,30 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             ckpt.unlink(missing_ok=True)
     distributed.teardown()
     return TrainOutcome(test=test, fit=result, run_id=tracker.run_id, seconds=seconds)
+
+
+def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir: Path,
+                          start: float) -> TrainOutcome | None:
+    """A run of these params and data that ended with its MLflow server gone (exit 6): log what it kept (no training
+    again) and put its outputs back; its outcome, else None."""
+    from trainlab.engine import FitResult
+    from trainlab.spool import complete_stage
+
+    run_id = complete_stage(f"train_{name}", run_key, [model_dir, reports_dir])
+    if run_id is None:
+        return None
+    metrics = json.loads((reports_dir / "metrics.json").read_text())
+    timing = json.loads((reports_dir / "timing.json").read_text())
+    with open(reports_dir / "history.csv", newline="") as f:
+        history = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    info = json.loads((model_dir / "info.json").read_text())
+    print(f"{name}: completed MLflow run {run_id} from the spool of the run whose server went away; outputs put "
+          f"back from it, no training", flush=True)
+    fit_result = FitResult(model=None, history=history, final=history[-1] if history else {},
+                           params_total=int(metrics.get("params_total", 0)),
+                           params_trainable=int(metrics.get("params_trainable", 0)),
+                           train_time_s=timing.get("train_time_s", 0.0), samples_per_s=timing.get("samples_per_s", 0.0))
+    return TrainOutcome(test=info.get("test", {}), fit=fit_result, run_id=run_id, seconds=time.perf_counter() - start)
 
 
 def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
