@@ -24,6 +24,8 @@ from trainlab.repro import environment, seed_everything
 from trainlab.runtime import Runtime, resolve_runtime
 
 CHECKPOINT_ROOT = Path("checkpoints")
+TIMING_COLUMNS = ("samples_per_s",)  # per-epoch history values that differ run to run (MLflow keeps them)
+RUN_RECORD = "run.json"  # reports/<task>/run.json: run id, timings, environment; git-ignored, not a DVC out
 # What each task reads from its prepared data: meta.json keys, and (inputs, targets) tensors of every split.
 REQUIRED_META = {"classifier": ("num_classes", "channels"), "segmenter": ("num_classes", "channels"),
                  "text": ("num_classes", "vocab_size", "max_length")}
@@ -135,12 +137,22 @@ def save_model(model: torch.nn.Module, model_dir: Path, extra_files: dict[str, P
 
 
 def write_history(history: list[dict[str, float]], path: Path) -> None:
-    """Per-epoch metrics as CSV (what `dvc plots` draws)."""
+    """Per-epoch losses, metrics and learning rate as CSV (what `dvc plots` draws). Throughput columns are left
+    out: the file is plot data in git and must be the same bytes for the same params and data."""
+    fields = [k for k in history[0] if k not in TIMING_COLUMNS]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in history:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
+
+
+def model_md5(model_dir: Path) -> str:
+    """The md5 of `model_dir`/model.safetensors (DVC's hash of it); training runs carry it as the `model_md5` tag,
+    which is how a model restored from DVC's cache finds the MLflow run that trained it."""
+    from trainlab.tracking import file_md5
+
+    return file_md5(model_dir / "model.safetensors")
 
 
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
@@ -148,7 +160,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     """The whole training stage for one task; writes model_dir and reports_dir only on success.
     Under torchrun every rank trains; only rank 0 tracks and writes."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.tracking import NullTracker, PendingTracker, start_run_in_background
+    from trainlab.tracking import NullTracker, PendingTracker, split_inputs, start_run_in_background
 
     start = time.perf_counter()
     data_dir, model_dir, reports_dir = Path(data_dir), Path(model_dir), Path(reports_dir)
@@ -177,7 +189,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             raise CheckpointError(f"{ckpt}: another training of the {name} with the same params and data is running "
                                   "in this folder and would resume from this checkpoint; wait for it to finish, or "
                                   "train in another folder")
-        tracking = start_run_in_background(params, stage=f"train_{name}") if ctx.is_main else nullcontext(NullTracker())
+        tracking = (start_run_in_background(params, stage=f"train_{name}", datasets=split_inputs(data_dir))
+                    if ctx.is_main else nullcontext(NullTracker()))
         with tracking as tracker:
             # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone
             # would leave the others waiting in a collective: there rank 0's next log call raises and torchrun
@@ -206,16 +219,17 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
 def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
                   tracker, runtime: Runtime, meta: dict, test_split: dict[str, torch.Tensor], data_dir: Path,
                   model_dir: Path, reports_dir: Path) -> None:
-    """Model, metrics, history and timing files, and the same in MLflow (with the registered model)."""
+    """Model, metrics and history files, and the same in MLflow (with the registered model).
+
+    The model folder and the reports hold only what the same params and data reproduce bit for bit; the run id,
+    timings and environment go to MLflow and to the git-ignored reports/<task>/run.json."""
     summary = {f"test_{k}": v for k, v in test.items()}
     summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
                     "epochs": len(result.history)})
-    # Timings vary run to run, so they live apart from the metrics (which are bitwise reproducible).
     timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
               "samples_per_s": round(result.samples_per_s, 1)}
     extra_files = {"tokenizer.json": data_dir / "tokenizer.json"} if name == "text" else {}
-    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "run_id": tracker.run_id,
-                                "environment": environment(runtime.device), "runtime": runtime.describe()}}
+    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "runtime": runtime.describe()}}
     if name == "text":
         baseline = text_baseline(params, data_dir, meta)
         summary.update({"baseline_test_accuracy": baseline["accuracy"],
@@ -225,9 +239,12 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
 
     save_model(result.model, model_dir, extra_files, extra_json)
+    weights_md5 = model_md5(model_dir)
+    tracker.set_tags({"model_md5": weights_md5})
     write_history(result.history, reports_dir / "history.csv")
     write_json(reports_dir / "metrics.json", summary)
-    write_json(reports_dir / "timing.json", timing)
+    write_json(reports_dir / RUN_RECORD, {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5,
+                                          "timing": timing, "environment": environment(runtime.device)})
     tracker.log_artifact(reports_dir / "history.csv")
     tracker.log_artifact(model_dir / "config.json", "model_files")
     model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
