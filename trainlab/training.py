@@ -147,6 +147,12 @@ def write_history(history: list[dict[str, float]], path: Path) -> None:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
 
 
+def headline_metrics(summary: dict[str, float], task: Task) -> dict[str, float]:
+    """What reports/<task>/metrics.json keeps, and so `dvc exp show` compares: the task's primary test metric (and a
+    baseline's). Every test metric, the loss and the parameter counts are in info.json and in MLflow."""
+    return {k: v for k, v in summary.items() if k == f"test_{task.primary_metric}" or k.startswith("baseline_")}
+
+
 def model_md5(model_dir: Path) -> str:
     """The md5 of `model_dir`/model.safetensors (DVC's hash of it); training runs carry it as the `model_md5` tag,
     which is how a model restored from DVC's cache finds the MLflow run that trained it."""
@@ -229,7 +235,9 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
               "samples_per_s": round(result.samples_per_s, 1)}
     extra_files = {"tokenizer.json": data_dir / "tokenizer.json"} if name == "text" else {}
-    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "runtime": runtime.describe()}}
+    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "runtime": runtime.describe(),
+                                "params_total": result.params_total, "params_trainable": result.params_trainable,
+                                "epochs": len(result.history)}}
     if name == "text":
         baseline = text_baseline(params, data_dir, meta)
         summary.update({"baseline_test_accuracy": baseline["accuracy"],
@@ -242,7 +250,7 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     weights_md5 = model_md5(model_dir)
     tracker.set_tags({"model_md5": weights_md5})
     write_history(result.history, reports_dir / "history.csv")
-    write_json(reports_dir / "metrics.json", summary)
+    write_json(reports_dir / "metrics.json", headline_metrics(summary, task))
     write_json(reports_dir / RUN_RECORD, {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5,
                                           "timing": timing, "environment": environment(runtime.device)})
     tracker.log_artifact(reports_dir / "history.csv")

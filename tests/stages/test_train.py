@@ -66,11 +66,13 @@ def test_loss_falls_and_outputs_exist(trained, name):
     model_dir = trained / "models" / name
     assert {"model.safetensors", "config.json", "info.json"} <= {p.name for p in model_dir.iterdir()}
     metrics = json.loads((trained / "reports" / name / "metrics.json").read_text())
-    assert metrics["epochs"] == 2 and metrics["params_trainable"] > 0
+    primary = "test_mean_iou" if name == "segmenter" else "test_accuracy"
+    assert {k for k in metrics if not k.startswith("baseline_")} == {primary}  # a DVC metric: the headline only
+    info = json.loads((model_dir / "info.json").read_text())
+    assert info["epochs"] == 2 and info["params_trainable"] > 0 and info["test"][primary[5:]] == metrics[primary]
     record = json.loads((trained / "reports" / name / "run.json").read_text())  # git-ignored, not a DVC out
     assert record["timing"]["samples_per_s"] > 0 and record["environment"]["python"]
     assert "samples_per_s" not in rows[0]  # history.csv holds what the same inputs reproduce bit for bit
-    info = json.loads((model_dir / "info.json").read_text())
     assert "run_id" not in info and "environment" not in info
     saved = load_saved_model(model_dir, name)
     assert saved.info["task"] == name
