@@ -165,12 +165,13 @@ def pipeline(overrides: dict[str, Any] | None = None, experiment_name: str | Non
     if experiment:
         check_experiment_name(repo, experiment)
     uri = tracking_uri(repo, params)
-    run_name = f"pipeline {experiment}" if experiment else "pipeline"
-    tags = {**git_state(str(repo)), "dvc_experiment": experiment or "", "prefect_flow_run": _flow_run_name()}
+    flow_run_name = _flow_run_name()  # the MLflow parent run is named after its Prefect flow run
+    run_name = f"{experiment} pipeline {flow_run_name}" if experiment else f"pipeline {flow_run_name}"
+    tags = {**git_state(str(repo)), "dvc_experiment": experiment or "", "prefect_flow_run": flow_run_name}
     with parent_run(params, repo, run_name, "pipeline", tags) as tracker:
         log_overrides(tracker, overrides, experiment)
         with stage_workspace(repo, experiment, stages, overrides, logger.info) as workspace:
-            outcomes, errors = run_stages(stages, workspace, stage_run_env(uri, tracker.run_id),
+            outcomes, errors = run_stages(stages, workspace, stage_run_env(uri, tracker.run_id, experiment),
                                           stage_task(retries, retry_delay_s))
             ref = None if errors or not experiment else save_experiment_task(
                 str(repo), str(workspace), experiment, stages, partial=bool(targets))

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.config import Params
-from trainlab.tracking import DEFAULT_DB_NAME, PARENT_RUN_ENV, NullTracker, flatten_params, mlflow_client, start_run
+from trainlab.tracking import (
+    DEFAULT_DB_NAME,
+    DVC_EXP_NAME_ENV,
+    PARENT_RUN_ENV,
+    NullTracker,
+    flatten_params,
+    mlflow_client,
+    start_run,
+)
 
 
 def tracking_uri(root: str | os.PathLike, params: Params) -> str | None:
@@ -30,9 +38,10 @@ def tracking_uri(root: str | os.PathLike, params: Params) -> str | None:
     return uri
 
 
-def stage_run_env(uri: str | None, parent_run_id: str | None) -> dict[str, str]:
-    """What a stage subprocess needs to log to the same store, nested under the flow's parent run."""
-    env: dict[str, str] = {}
+def stage_run_env(uri: str | None, parent_run_id: str | None, experiment: str | None = None) -> dict[str, str]:
+    """What a stage subprocess needs to log to the same store, nested under the flow's parent run; for a DVC
+    experiment (or sweep point) its name, as `dvc exp run` sets it, which the stage's run name starts with."""
+    env: dict[str, str] = {DVC_EXP_NAME_ENV: experiment} if experiment else {}
     if uri:
         env["MLFLOW_TRACKING_URI"] = uri
     if parent_run_id:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +79,32 @@ def describe(schedule: Any) -> str:
 
 
 def serve(root: Path, schedule: Any, name: str = DEPLOYMENT_NAME) -> None:
-    """Serve `retrain` in this process until interrupted; runs appear in the Prefect UI under `name`."""
-    print(f"serving {name} for {root}: {describe(schedule)}; Ctrl+C stops (and pauses the schedule)", flush=True)
-    retrain.serve(name=name, schedules=[schedule], parameters={"root": str(root)}, pause_on_shutdown=True,
-                  limit=1)  # one retraining job at a time: they share the workspace (and DVC's lock)
+    """Serve `retrain` in this process until interrupted; runs appear in the Prefect UI under `name`.
+
+    Schedules need a Prefect server's scheduler (an ephemeral API has none): with no PREFECT_API_URL, a local
+    `prefect server start` is reused or started (and stopped on exit). Ctrl+C and SIGTERM stop it quietly."""
+    with local_server_unless_configured():
+        print(f"serving {name} for {root}: {describe(schedule)}; Ctrl+C stops (and pauses the schedule)", flush=True)
+        try:
+            retrain.serve(name=name, schedules=[schedule], parameters={"root": str(root)}, pause_on_shutdown=True,
+                          limit=1, print_starting_message=False)  # one job at a time: they share DVC's lock
+        except KeyboardInterrupt:  # Prefect handles the first one; a second Ctrl+C lands here
+            pass
+    print(f"stopped serving {name}", flush=True)
+
+
+@contextlib.contextmanager
+def local_server_unless_configured() -> Iterator[None]:
+    """Nothing when PREFECT_API_URL names a server; else a local server on 127.0.0.1 for the block."""
+    from pipelines.local_prefect import configured_api_url, local_server
+
+    configured = configured_api_url()
+    if configured:
+        print(f"Prefect API: {configured} (PREFECT_API_URL); its UI shows the runs", flush=True)
+        yield
+        return
+    with local_server(log=lambda line: print(line, flush=True)):
+        yield
 
 
 def ensure_process_pool(pool: str) -> None:
@@ -129,7 +154,12 @@ def main(argv: list[str]) -> None:
     elif args.pool:
         deploy(root, schedule, args.pool, args.name)
     else:
+        signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl+C until Prefect's runner installs its own handler
         serve(root, schedule, args.name)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def run_point(root: str, name: str, overrides: dict[str, Any], stages: list[Stag
     with parent_run(params, repo, f"sweep point {name}", "experiment", tags, parent_run_id=sweep_run_id) as tracker:
         log_overrides(tracker, overrides, name)
         with experiment_workspace(repo, name, stages, overrides, log=logger.info) as workspace:
-            env = stage_env(stage_run_env(uri, tracker.run_id))
+            env = stage_env(stage_run_env(uri, tracker.run_id, name))
             result = run_dvc(["repro", *(targets or [])], workspace, env, on_line=logger.info)
             if result.returncode != 0:
                 raise stage_failure(_failed_stage(result.lines), result)

@@ -18,8 +18,8 @@ def test_summary_shows_headline_metrics_times_and_the_fastest_setting(tmp_path):
         "segmenter": {"mean_iou": 0.9356, "pixel_accuracy": 0.9977},
         "text": {"accuracy": 0.762, "baseline_accuracy": 0.7546},
     })
-    write(tmp_path / "classifier" / "timing.json", {"stage_time_s": 37.3})
-    write(tmp_path / "profile" / "metrics.json", {"classifier": {
+    write(tmp_path / "classifier" / "run.json", {"timing": {"stage_time_s": 37.3}})
+    write(tmp_path / "profile" / "measurements.json", {"classifier": {
         "fp32": {"train_samples_per_s": 736.0, "train_mfu": 0.815},
         "bf16_channels_last": {"train_samples_per_s": 1250.0, "train_mfu": 0.64},
     }, "device": {"matmul_peak_bf16_gflop_per_s": 434.8}})

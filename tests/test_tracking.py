@@ -19,6 +19,7 @@ import yaml
 
 from trainlab.config import load_params
 from trainlab.errors import TrackingUnavailable
+from trainlab.repro import git_state
 from trainlab.tracking import (
     NullTracker,
     PendingTracker,
@@ -546,3 +547,81 @@ def test_logs_through_a_real_tracking_server(params, workdir, migrated_db, tmp_p
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the runs table shows: names, dataset inputs, the experiment's kind
+
+
+def test_run_names_say_stage_and_commit_never_the_seeded_random(params, store, monkeypatch):
+    import random
+    import subprocess as sp
+
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@x"}
+    (store / "a.txt").write_text("a")
+    for args in (["init", "-q"], ["add", "a.txt"], ["commit", "-qm", "one"]):
+        sp.run(["git", *args], cwd=store, check=True, env={**os.environ, **identity})
+    short = sp.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=store, check=True, capture_output=True,
+                   text=True).stdout.strip()
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    git_state.cache_clear()  # one state per process (a stage's): this test changes it
+    names = []
+    for stage in ("train_classifier", "train_segmenter", "train_text", "evaluate"):
+        random.seed(42)  # what the stages do before MLflow opens the run: the same state each time
+        with start_run(params, stage=stage) as tracker:
+            pass
+        names.append(client_for(store).get_run(tracker.run_id).info.run_name)
+    assert names == [f"{s} {short}" for s in ("train_classifier", "train_segmenter", "train_text", "evaluate")]
+
+    (store / "a.txt").write_text("changed")
+    git_state.cache_clear()
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-seed-03")  # what `dvc exp run` and the flows' experiments set
+    with start_run(params, stage="train_classifier") as in_experiment:
+        pass
+    monkeypatch.delenv("DVC_EXP_NAME")
+    with start_run(params, stage="train_classifier") as dirty:
+        pass
+    client = client_for(store)
+    assert client.get_run(in_experiment.run_id).info.run_name == "lr-seed-03 train_classifier"
+    assert client.get_run(dirty.run_id).info.run_name == f"train_classifier {short}-dirty"
+    git_state.cache_clear()
+
+
+def test_dataset_inputs_carry_the_dvc_hash_and_context(params, store):
+    import hashlib
+
+    from trainlab.tracking import split_inputs
+
+    folder = store / "data" / "prepared" / "classification"
+    folder.mkdir(parents=True)
+    for split in ("train", "val", "test"):
+        (folder / f"{split}.safetensors").write_bytes(split.encode() * 100)
+    with start_run(params, stage="train_classifier", datasets=split_inputs(folder)) as tracker:
+        pass
+    run = client_for(store).get_run(tracker.run_id)
+    logged = {(d.dataset.name, d.dataset.digest, json.loads(d.dataset.source)["uri"],
+               {t.key: t.value for t in d.tags}["mlflow.data.context"]) for d in run.inputs.dataset_inputs}
+    assert logged == {(f"classification/{split}", hashlib.md5(split.encode() * 100).hexdigest(),
+                       str(folder / f"{split}.safetensors"), context)
+                      for split, context in (("train", "training"), ("val", "validation"), ("test", "test"))}
+
+    (folder / "train.safetensors").write_bytes(b"other data")  # other data: another digest in the Dataset column
+    with start_run(params, stage="train_classifier", datasets=split_inputs(folder, ("train",))) as other:
+        pass
+    digest, = [d.dataset.digest for d in client_for(store).get_run(other.run_id).inputs.dataset_inputs]
+    assert digest == hashlib.md5(b"other data").hexdigest()
+
+
+def test_experiment_kind_is_model_development_new_or_existing(params, store):
+    client = client_for(store)
+    params.tracking.experiment = "made-here"
+    with start_run(params, stage="prepare"):
+        pass
+    assert client.get_experiment_by_name("made-here").tags["mlflow.experimentKind"] == "custom_model_development"
+
+    old = client.create_experiment("made-before")  # an existing experiment without a kind gets one
+    params.tracking.experiment = "made-before"
+    with start_run(params, stage="prepare"):
+        pass
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"

@@ -32,13 +32,17 @@ REQUIRED_TENSORS = {"classifier": ("images", "labels"), "segmenter": ("images", 
 FEW_EXAMPLES = 4  # segmentation overlays, attention maps and feature maps show at most this many test samples
 FEATURE_CHANNELS = 4  # channels shown per feature-map layer
 
-# Output files under reports/evaluate (declared one by one in dvc.yaml).
+# Output files under reports/evaluate (declared one by one in dvc.yaml). metrics.json holds each model's headline
+# numbers (what `dvc exp show` compares); the per-class figures are plot data, one CSV per task.
 METRICS_FILE = "metrics.json"
 CONFUSION_FILES = {"classifier": "classifier_confusion.csv", "text": "text_confusion.csv"}
+PER_CLASS_FILES = {"classifier": "classifier_per_class.csv", "segmenter": "segmenter_per_class.csv",
+                   "text": "text_per_class.csv"}
 CONFUSION_MATRICES_FILE = "confusion_matrices.json"
 PICTURE_FILES = {"misclassified": "misclassified.png", "segmentation": "segmentation_overlays.png",
                  "attention": "attention.png", "feature_maps": "feature_maps.png"}
-OUTPUT_FILES = (METRICS_FILE, *CONFUSION_FILES.values(), CONFUSION_MATRICES_FILE, *PICTURE_FILES.values())
+OUTPUT_FILES = (METRICS_FILE, *CONFUSION_FILES.values(), *PER_CLASS_FILES.values(), CONFUSION_MATRICES_FILE,
+                *PICTURE_FILES.values())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -448,10 +452,29 @@ def write_pictures(folder: Path, pictures: dict[str, Any]) -> None:
         draw.save_figure(figures[key](data), folder / PICTURE_FILES[key])
 
 
+def headline(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A task's metrics without the per-class dicts: what metrics.json keeps."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, dict)}
+
+
+def per_class_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per class with its per-class figures (precision/recall, or IoU/Dice), for `dvc plots`."""
+    vectors = {k: v for k, v in metrics.items() if isinstance(v, dict)}
+    classes = list(next(iter(vectors.values()), {}))
+    return [{"class": c, **{k: v[c] for k, v in vectors.items()}} for c in classes]
+
+
 def write_reports(folder: Path, reports: dict[str, TaskReport]) -> dict[str, Any]:
-    """metrics.json, the confusion CSVs and matrices, and the PNGs, all into `folder`; returns the metrics."""
+    """metrics.json, the per-class and confusion CSVs, the matrices, and the PNGs, all into `folder`; returns
+    every metric (per-class figures included)."""
     metrics = {name: report.metrics for name, report in reports.items()}
-    (folder / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    (folder / METRICS_FILE).write_text(json.dumps({k: headline(v) for k, v in metrics.items()}, indent=2) + "\n")
+    for name, filename in PER_CLASS_FILES.items():
+        rows = per_class_rows(metrics[name])
+        with open(folder / filename, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
     matrices = {name: r.confusion for name, r in reports.items() if r.confusion is not None}
     (folder / CONFUSION_MATRICES_FILE).write_text(json.dumps(matrices, indent=2) + "\n")
     for name, filename in CONFUSION_FILES.items():
@@ -460,17 +483,39 @@ def write_reports(folder: Path, reports: dict[str, TaskReport]) -> dict[str, Any
     return metrics
 
 
-def lineage_tags(inputs: dict[str, TaskInputs]) -> dict[str, str]:
-    """`<task>_run_id` for each evaluated model's training run (from models/<task>/info.json)."""
-    return {f"{name}_run_id": str(i.info.get("run_id") or "unknown") for name, i in inputs.items()}
+def lineage_tags(inputs: dict[str, TaskInputs], tracker: Any = None) -> dict[str, str]:
+    """`<task>_model_md5` and `<task>_run_id` of each evaluated model: the newest training run in the tracker's
+    experiment tagged with that md5 (it also finds the run of a model DVC restored from its cache), else the
+    `run_id` an older models/<task>/info.json recorded, else 'unknown'."""
+    from trainlab.tracking import file_md5
+
+    tags: dict[str, str] = {}
+    for name, item in inputs.items():
+        md5 = file_md5(item.model_dir / "model.safetensors")
+        run_id = _training_run(tracker, name, md5) if getattr(tracker, "run_id", "") else None
+        tags[f"{name}_model_md5"] = md5
+        tags[f"{name}_run_id"] = str(run_id or item.info.get("run_id") or "unknown")
+    return tags
 
 
-def log_evaluation(params: Params, folder: Path, metrics: dict[str, Any], tags: dict[str, str],
+def _training_run(tracker: Any, name: str, md5: str) -> str | None:
+    from trainlab.tracking import mlflow_client
+
+    runs = mlflow_client(tracker.tracking_uri).search_runs(
+        [tracker.experiment_id], filter_string=f"tags.model_md5 = '{md5}' and tags.stage = 'train_{name}'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def log_evaluation(params: Params, folder: Path, metrics: dict[str, Any], inputs: dict[str, TaskInputs],
                    runtime: Runtime) -> str:
-    """One MLflow run for the evaluation, tagged with the training runs it evaluated; returns its id."""
-    from trainlab.tracking import start_run
+    """One MLflow run for the evaluation (the test splits as its dataset inputs), tagged with the training runs it
+    evaluated; returns its id."""
+    from trainlab.tracking import split_inputs, start_run
 
-    with start_run(params, stage="evaluate", tags=tags, device=str(runtime.device)) as tracker:
+    datasets = [d for i in inputs.values() for d in split_inputs(i.data_dir, ("test",))]
+    with start_run(params, stage="evaluate", device=str(runtime.device), datasets=datasets) as tracker:
+        tracker.set_tags(lineage_tags(inputs, tracker))
         tracker.log_params({"evaluate": params.evaluate.model_dump(), "base.seed": params.base.seed})
         tracker.set_tags(runtime.describe())
         tracker.log_metrics(flat_metrics(metrics))
@@ -491,7 +536,7 @@ def run_evaluation(params: Params, data_root: str | Path, models_root: str | Pat
     with atomic_dir(out_dir) as staging:
         metrics = write_reports(staging, reports)
         if params.tracking.enabled:
-            log_evaluation(params, staging, metrics, lineage_tags(inputs), runtime)
+            log_evaluation(params, staging, metrics, inputs, runtime)
     return metrics
 
 

@@ -28,12 +28,12 @@ def read(path: Path) -> dict[str, Any]:
 def summary_lines(reports: Path) -> list[str]:
     """Markdown lines: one row per model, then where the rest of the numbers and pictures are."""
     evaluation = read(reports / "evaluate" / "metrics.json")
-    profile = read(reports / "profile" / "metrics.json")
+    profile = read(reports / "profile" / "measurements.json")
     lines = ["| model | test metric | also | training stage | fastest training setting (profile) |",
              "|---|---|---|---|---|"]
     for task, ((key, label), (other, other_label)) in HEADLINE.items():
         metrics = evaluation.get(task, {})
-        timing = read(reports / task / "timing.json")
+        timing = read(reports / task / "run.json").get("timing", {})  # git-ignored: this machine's last training
         best = max(((setting, figures) for setting, figures in profile.get(task, {}).items()
                     if isinstance(figures, dict) and "train_samples_per_s" in figures),
                    key=lambda item: item[1]["train_samples_per_s"], default=None)

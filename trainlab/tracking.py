@@ -12,9 +12,10 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
@@ -39,6 +40,9 @@ PARENT_RUN_ENV = "TRAINLAB_PARENT_RUN_ID"
 DEFAULT_DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 LOCK_FILE = "dvc.lock"
+DVC_EXP_NAME_ENV = "DVC_EXP_NAME"  # set by `dvc exp run`, and by the flows for their experiments and sweep points
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 _LOCKED_MARKER = "database is locked"
 _RETRY_TRIES = 5
@@ -596,16 +600,66 @@ def _exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], N
 # Runs
 
 
+@dataclass(frozen=True)
+class DataInput:
+    """A data split a run reads, logged as an MLflow dataset input: its name, source path, and context
+    (training / validation / test); the digest is the file's md5, the hash DVC records for it."""
+
+    name: str
+    path: str
+    context: str
+
+
+SPLIT_CONTEXTS = {"train": "training", "val": "validation", "test": "test"}
+
+
+def split_inputs(data_dir: str | os.PathLike, splits: Sequence[str] = ("train", "val", "test")) -> list[DataInput]:
+    """The DataInputs of a prepared-data folder's splits (``<folder>/<split>.safetensors``)."""
+    folder = Path(data_dir)
+    return [DataInput(f"{folder.name}/{split}", str(folder / f"{split}.safetensors"), SPLIT_CONTEXTS[split])
+            for split in splits]
+
+
+def file_md5(path: str | os.PathLike) -> str:
+    """The md5 of a file's bytes: what DVC 3 records as the file's hash (in dvc.lock and in a folder's .dir)."""
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _dataset_inputs(inputs: Sequence[DataInput]) -> list[Any]:
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    return [DatasetInput(Dataset(name=i.name, digest=file_md5(i.path), source_type="local",
+                                 source=json.dumps({"uri": i.path})),
+                         tags=[InputTag(MLFLOW_DATASET_CONTEXT, i.context)]) for i in inputs]
+
+
+def default_run_name(stage: str, git: Mapping[str, str]) -> str:
+    """What the runs table shows: the DVC experiment (or sweep point) and the stage, else the stage and the short
+    commit (``-dirty`` with uncommitted changes). Set here, so MLflow never draws a name from the seeded `random`."""
+    experiment = os.environ.get(DVC_EXP_NAME_ENV, "").strip()
+    if experiment:
+        return f"{experiment} {stage}"
+    commit = str(git.get("git_commit") or "unknown")
+    short = commit[:7] if commit != "unknown" else "no-git"
+    return f"{stage} {short}" + ("-dirty" if git.get("git_dirty") == "true" else "")
+
+
 @contextmanager
 def start_run(params: Params, stage: str, run_name: str | None = None, parent_run_id: str | None = None,
-              tags: Mapping[str, Any] | None = None,
-              device: str | None = None) -> Iterator[MlflowTracker | NullTracker]:
+              tags: Mapping[str, Any] | None = None, device: str | None = None,
+              datasets: Sequence[DataInput] = ()) -> Iterator[MlflowTracker | NullTracker]:
     """One MLflow run for a stage; yields a tracker. The run ends FAILED if the body raises, else FINISHED.
 
     With ``tracking.enabled`` false, yields a NullTracker and touches nothing. ``parent_run_id`` (or
     ``$TRAINLAB_PARENT_RUN_ID``) nests the run. Tags: git_commit, git_dirty, stage, params_hash, data_hash,
     device, torch_version; the environment record is logged as ``environment.json``. ``device`` names the
-    device the stage runs on (default: resolved from ``base.device``).
+    device the stage runs on (default: resolved from ``base.device``). ``run_name`` defaults to
+    `default_run_name`; ``datasets`` are logged as the run's dataset inputs.
     """
     if not params.tracking.enabled:
         yield NullTracker()
@@ -636,7 +690,10 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
         else:
             print(f"warning: parent run {parent} not found in {redact(uri)}; not nesting this run", file=sys.stderr)
     run_tags.update({str(k): redact_value(str(k), _stringify(v)) for k, v in (tags or {}).items()})
+    run_name = run_name or default_run_name(stage, run_tags)
     run = _retry(client.create_run, experiment_id, tags=run_tags, run_name=run_name)
+    if datasets:
+        _retry(client.log_inputs, run.info.run_id, datasets=_dataset_inputs(datasets))
     tracker = MlflowTracker(client, run.info.run_id, experiment_id, uri, params.tracking.register_models)
 
     status, body_raised = RunStatus.to_string(RunStatus.FINISHED), False
@@ -721,11 +778,15 @@ def start_run_in_background(params: Params, stage: str, spool_key: str | None = 
 
 
 def _ensure_experiment(client: Any, name: str, artifact_location: str | None) -> str:
-    """The experiment's id, creating it if needed; safe when several processes create it at once."""
+    """The experiment's id, creating it if needed; safe when several processes create it at once.
+
+    It carries ``mlflow.experimentKind = custom_model_development`` (added to an existing experiment that has no
+    kind), so MLflow 3's UI opens it in the model-training view rather than the GenAI one."""
     experiment = _retry(client.get_experiment_by_name, name)
     if experiment is None:
         try:
-            return _retry(client.create_experiment, name, artifact_location=artifact_location)
+            return _retry(client.create_experiment, name, artifact_location=artifact_location,
+                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:
             # Most likely another process created it between our get and create: use theirs.
             experiment = _retry(client.get_experiment_by_name, name)
@@ -735,6 +796,8 @@ def _ensure_experiment(client: Any, name: str, artifact_location: str | None) ->
         raise TrackingUnavailable(
             f"MLflow experiment {name!r} is deleted; restore it (`mlflow experiments restore "
             f"--experiment-id {experiment.experiment_id}`) or set another `tracking.experiment` in params.yaml")
+    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+        _retry(client.set_experiment_tag, experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return experiment.experiment_id
 
 

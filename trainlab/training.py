@@ -24,6 +24,8 @@ from trainlab.repro import environment, seed_everything
 from trainlab.runtime import Runtime, resolve_runtime
 
 CHECKPOINT_ROOT = Path("checkpoints")
+TIMING_COLUMNS = ("samples_per_s",)  # per-epoch history values that differ run to run (MLflow keeps them)
+RUN_RECORD = "run.json"  # reports/<task>/run.json: run id, timings, environment; git-ignored, not a DVC out
 # What each task reads from its prepared data: meta.json keys, and (inputs, targets) tensors of every split.
 REQUIRED_META = {"classifier": ("num_classes", "channels"), "segmenter": ("num_classes", "channels"),
                  "text": ("num_classes", "vocab_size", "max_length")}
@@ -152,12 +154,28 @@ def save_model(model: torch.nn.Module, model_dir: Path, extra_files: dict[str, P
 
 
 def write_history(history: list[dict[str, float]], path: Path) -> None:
-    """Per-epoch metrics as CSV (what `dvc plots` draws)."""
+    """Per-epoch losses, metrics and learning rate as CSV (what `dvc plots` draws). Throughput columns are left
+    out: the file is plot data in git and must be the same bytes for the same params and data."""
+    fields = [k for k in history[0] if k not in TIMING_COLUMNS]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in history:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
+
+
+def headline_metrics(summary: dict[str, float], task: Task) -> dict[str, float]:
+    """What reports/<task>/metrics.json keeps, and so `dvc exp show` compares: the task's primary test metric (and a
+    baseline's). Every test metric, the loss and the parameter counts are in info.json and in MLflow."""
+    return {k: v for k, v in summary.items() if k == f"test_{task.primary_metric}" or k.startswith("baseline_")}
+
+
+def model_md5(model_dir: Path) -> str:
+    """The md5 of `model_dir`/model.safetensors (DVC's hash of it); training runs carry it as the `model_md5` tag,
+    which is how a model restored from DVC's cache finds the MLflow run that trained it."""
+    from trainlab.tracking import file_md5
+
+    return file_md5(model_dir / "model.safetensors")
 
 
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
@@ -166,7 +184,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     Under torchrun every rank trains; only rank 0 tracks and writes. `baseline_file`: the text model's TF-IDF
     baseline.json (fitted here when None)."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.tracking import NullTracker, PendingTracker, start_run_in_background
+    from trainlab.tracking import NullTracker, PendingTracker, split_inputs, start_run_in_background
 
     start = time.perf_counter()
     data_dir, model_dir, reports_dir = Path(data_dir), Path(model_dir), Path(reports_dir)
@@ -201,8 +219,9 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             raise CheckpointError(f"{ckpt}: another training of the {name} with the same params and data is running "
                                   "in this folder and would resume from this checkpoint; wait for it to finish, or "
                                   "train in another folder")
-        tracking = start_run_in_background(params, stage=f"train_{name}", spool_key=run_key,
-                                           outputs=(model_dir, reports_dir)) if ctx.is_main else nullcontext(NullTracker())
+        tracking = (start_run_in_background(params, stage=f"train_{name}", spool_key=run_key,
+                                            outputs=(model_dir, reports_dir), datasets=split_inputs(data_dir))
+                    if ctx.is_main else nullcontext(NullTracker()))
         with tracking as tracker:
             # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone
             # would leave the others waiting in a collective: there rank 0's next log call raises and torchrun
@@ -239,16 +258,16 @@ def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir:
     run_id = complete_stage(f"train_{name}", run_key, [model_dir, reports_dir])
     if run_id is None:
         return None
-    metrics = json.loads((reports_dir / "metrics.json").read_text())
-    timing = json.loads((reports_dir / "timing.json").read_text())
+    record = reports_dir / RUN_RECORD
+    timing = json.loads(record.read_text()).get("timing", {}) if record.exists() else {}
     with open(reports_dir / "history.csv", newline="") as f:
         history = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
     info = json.loads((model_dir / "info.json").read_text())
     print(f"{name}: completed MLflow run {run_id} from the spool of the run whose server went away; outputs put "
           f"back from it, no training", flush=True)
     fit_result = FitResult(model=None, history=history, final=history[-1] if history else {},
-                           params_total=int(metrics.get("params_total", 0)),
-                           params_trainable=int(metrics.get("params_trainable", 0)),
+                           params_total=int(info.get("params_total", 0)),
+                           params_trainable=int(info.get("params_trainable", 0)),
                            train_time_s=timing.get("train_time_s", 0.0), samples_per_s=timing.get("samples_per_s", 0.0))
     return TrainOutcome(test=info.get("test", {}), fit=fit_result, run_id=run_id, seconds=time.perf_counter() - start)
 
@@ -256,16 +275,19 @@ def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir:
 def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
                   tracker, runtime: Runtime, meta: dict, test_split: dict[str, torch.Tensor], data_dir: Path,
                   model_dir: Path, reports_dir: Path, baseline_file: Path | None = None) -> None:
-    """Model, metrics, history and timing files, and the same in MLflow (with the registered model)."""
+    """Model, metrics and history files, and the same in MLflow (with the registered model).
+
+    The model folder and the reports hold only what the same params and data reproduce bit for bit; the run id,
+    timings and environment go to MLflow and to the git-ignored reports/<task>/run.json."""
     summary = {f"test_{k}": v for k, v in test.items()}
     summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
                     "epochs": len(result.history)})
-    # Timings vary run to run, so they live apart from the metrics (which are bitwise reproducible).
     timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
               "samples_per_s": round(result.samples_per_s, 1)}
     extra_files = {"tokenizer.json": data_dir / "tokenizer.json"} if name == "text" else {}
-    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "run_id": tracker.run_id,
-                                "environment": environment(runtime.device), "runtime": runtime.describe()}}
+    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "runtime": runtime.describe(),
+                                "params_total": result.params_total, "params_trainable": result.params_trainable,
+                                "epochs": len(result.history)}}
     if name == "text":
         baseline = text_baseline(params, data_dir, meta, baseline_file)
         summary.update({"baseline_test_accuracy": baseline["accuracy"],
@@ -275,9 +297,12 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
 
     save_model(result.model, model_dir, extra_files, extra_json)
+    weights_md5 = model_md5(model_dir)
+    tracker.set_tags({"model_md5": weights_md5})
     write_history(result.history, reports_dir / "history.csv")
-    write_json(reports_dir / "metrics.json", summary)
-    write_json(reports_dir / "timing.json", timing)
+    write_json(reports_dir / "metrics.json", headline_metrics(summary, task))
+    write_json(reports_dir / RUN_RECORD, {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5,
+                                          "timing": timing, "environment": environment(runtime.device)})
     tracker.log_artifact(reports_dir / "history.csv")
     tracker.log_artifact(model_dir / "config.json", "model_files")
     model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)

@@ -38,6 +38,42 @@ def test_first_run_executes_every_stage_under_one_parent_mlflow_run(first_pipeli
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {r.data.tags["stage"] for r in children} >= {"prepare", "train_classifier", "train_segmenter", "train_text"}
     assert by_stage["train_classifier"]["mlflow_run_id"] in {r.info.run_id for r in children}
+    flow_run = parent.data.tags["prefect_flow_run"]
+    assert flow_run and parent.info.run_name == f"pipeline {flow_run}"  # named after its Prefect flow run
+
+
+def test_runs_have_distinct_names_dataset_inputs_and_the_model_training_view(first_pipeline_run, tiny_repo):
+    """What the MLflow UI shows: a name per run that says its stage; the Dataset column; the experiment's kind."""
+    from trainlab.tracking import file_md5
+
+    summary, _ = first_pipeline_run
+    client = mlflow_client(tiny_repo)
+    parent = client.get_run(summary["mlflow_run_id"])
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    names = {r.data.tags["stage"]: r.info.run_name for r in children}
+    assert len(set(names.values())) == len(children) == len(summary["stages"])
+    assert all(name.startswith(f"{stage} ") for stage, name in names.items()), names
+    prepared = tiny_repo / "data" / "prepared"
+    for run in children:
+        stage = run.data.tags["stage"]
+        inputs = {(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs}
+        if stage.startswith("train_"):
+            folder = {"train_classifier": "classification", "train_segmenter": "segmentation"}.get(stage, "text")
+            assert inputs == {(f"{folder}/{s}", file_md5(prepared / folder / f"{s}.safetensors"))
+                              for s in ("train", "val", "test")}
+        elif stage == "evaluate":
+            assert inputs == {(f"{f}/test", file_md5(prepared / f / "test.safetensors"))
+                              for f in ("classification", "segmentation", "text")}
+
+
+def test_pipeline_summary_artifact(first_pipeline_run, tiny_repo):
+    summary, _ = first_pipeline_run
+    stages = [s.name for s in read_stages(tiny_repo)]
+    client = mlflow_client(tiny_repo)
+    parent = client.get_run(summary["mlflow_run_id"])
     logged = json.loads((tiny_repo / client.download_artifacts(parent.info.run_id, "pipeline_summary.json",
                                                                str(tiny_repo / ".."))).read_text())
     assert [s["status"] for s in logged["stages"]] == ["ran"] * len(stages)

@@ -13,7 +13,7 @@ from pipelines.dvc_cli import CommandResult, stage_env
 from pipelines.execute import (PermanentStageError, TransientStageError, describe_changes, is_transient,
                                parse_repro_log, read_key_metrics, stage_failure)
 from pipelines.flow import summary_table
-from pipelines.runs import tracking_uri
+from pipelines.runs import stage_run_env, tracking_uri
 from tests.pipelines.conftest import REPO
 from trainlab.cli import run_cli
 from trainlab.config import load_params
@@ -177,3 +177,10 @@ def test_copy_worktree_takes_tracked_and_untracked_files_but_not_ignored_or_skip
     assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()) == [
         ".gitignore", "tracked.txt", "untracked.txt"]
     assert (dst / "tracked.txt").read_text() == "edited"  # as the files are now, not as committed
+
+
+def test_stage_runs_of_an_experiment_get_its_name_as_dvc_exp_run_gives_it():
+    """A stage in a flow's experiment or a sweep point names its MLflow run after it (DVC_EXP_NAME)."""
+    assert stage_run_env("sqlite:///x.db", "abc", "lr-seed-03") == {
+        "DVC_EXP_NAME": "lr-seed-03", "MLFLOW_TRACKING_URI": "sqlite:///x.db", "TRAINLAB_PARENT_RUN_ID": "abc"}
+    assert "DVC_EXP_NAME" not in stage_run_env("sqlite:///x.db", "abc")

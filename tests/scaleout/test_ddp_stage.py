@@ -19,7 +19,7 @@ from tests.scaleout.conftest import files_under, run_stage, sqlite_store, timed,
 pytestmark = pytest.mark.slow
 
 MODEL_FILES = ["baseline.json", "config.json", "info.json", "model.safetensors", "tokenizer.json"]
-REPORT_FILES = ["history.csv", "metrics.json", "timing.json"]
+REPORT_FILES = ["history.csv", "metrics.json", "run.json"]
 
 
 def train_text(root: Path, prepared: Path, migrated_db: Path, nproc: int):
@@ -61,10 +61,10 @@ def test_two_processes_end_with_the_weights_of_one(runs):
     assert [r["epoch"] for r in h2] == ["1", "2"] and float(h2[1]["train_loss"]) < float(h2[0]["train_loss"])
     for r1, r2 in zip(h1, h2):
         assert float(r2["train_loss"]) == pytest.approx(float(r1["train_loss"]), abs=1e-5)
-    m1 = json.loads((one_root / "reports/text/metrics.json").read_text())
-    m2 = json.loads((two_root / "reports/text/metrics.json").read_text())
+    m1 = json.loads((one_root / "models/text/info.json").read_text())["test"]
+    m2 = json.loads((two_root / "models/text/info.json").read_text())["test"]
     assert m1.keys() == m2.keys()
-    for key in ("test_loss", "test_accuracy"):  # test metrics: sharded over the ranks, all-reduced
+    for key in ("loss", "accuracy"):  # test metrics: sharded over the ranks, all-reduced
         assert m2[key] == pytest.approx(m1[key], abs=1e-4), key
 
 

@@ -19,6 +19,7 @@ from trainlab.errors import CheckpointError, DataError
 from trainlab.evaluation import OUTPUT_FILES, load_inputs, run_test_split
 from trainlab.models import build_classifier, build_segmenter, build_text_model
 from trainlab.runtime import resolve_runtime
+from trainlab.tracking import file_md5
 from trainlab.training import save_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,8 +157,13 @@ def test_writes_exactly_the_declared_files(evaluated):
 
 def test_metrics_json_keys_and_ranges(evaluated):
     root, returned = evaluated
-    metrics = json.loads((root / "reports" / "evaluate" / "metrics.json").read_text())
-    assert metrics == returned
+    headline = json.loads((root / "reports" / "evaluate" / "metrics.json").read_text())
+    metrics = returned
+    assert set(headline) == {"classifier", "segmenter", "text"}  # DVC metrics: no per-class figures
+    assert headline["classifier"] == {k: metrics["classifier"][k] for k in ("accuracy", "macro_f1", "test_samples")}
+    assert set(headline["segmenter"]) == {"mean_iou", "mean_dice", "pixel_accuracy", "test_samples"}
+    assert set(headline["text"]) == {"accuracy", "macro_f1", "test_samples", "baseline_accuracy",
+                                     "baseline_macro_f1"}
     assert set(metrics) == {"classifier", "segmenter", "text"}
     assert set(metrics["classifier"]) == {"accuracy", "macro_f1", "precision", "recall", "test_samples"}
     assert set(metrics["segmenter"]) == {"mean_iou", "mean_dice", "pixel_accuracy", "iou", "dice", "test_samples"}
@@ -193,6 +199,17 @@ def test_confusion_data_agrees_with_the_metrics(evaluated):
     assert matrices["text"]["baseline_matrix"] == [[3, 1, 0], [0, 3, 1], [1, 0, 3]]
 
 
+def test_per_class_figures_are_plot_data(evaluated):
+    root, metrics = evaluated
+    out = root / "reports" / "evaluate"
+    for task, columns in (("classifier", ("precision", "recall")), ("segmenter", ("iou", "dice")),
+                          ("text", ("precision", "recall"))):
+        rows = read_rows(out / f"{task}_per_class.csv")
+        assert [r["class"] for r in rows] == list(metrics[task][columns[0]])
+        for column in columns:
+            assert [float(r[column]) for r in rows] == list(metrics[task][column].values())
+
+
 def test_segmenter_dice_and_iou_agree(evaluated):
     _, metrics = evaluated
     seg = metrics["segmenter"]
@@ -212,13 +229,39 @@ def test_one_mlflow_run_linked_to_the_training_runs(evaluated):
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags["stage"] == "evaluate"
+    # no training run in this store carries the models' md5: the run ids come from the older info.json files
     assert {k: run.data.tags[f"{k}_run_id"] for k in RUN_IDS} == RUN_IDS
+    assert run.data.tags["classifier_model_md5"] == file_md5(root / "models/classifier/model.safetensors")
+    assert run.info.run_name.startswith("evaluate ")
+    inputs = {(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in run.inputs.dataset_inputs}
+    assert inputs == {(f"{f}/test", file_md5(root / "data/prepared" / f / "test.safetensors"), "test")
+                      for f in ("classification", "segmentation", "text")}
     assert run.data.params["evaluate.tta"] == "False"
     assert run.data.metrics["classifier.accuracy"] == pytest.approx(metrics["classifier"]["accuracy"])
     assert run.data.metrics["segmenter.iou.background"] == pytest.approx(metrics["segmenter"]["iou"]["background"])
     assert run.data.metrics["text.baseline_accuracy"] == 0.75
     logged = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert set(OUTPUT_FILES) <= logged
+
+
+def test_lineage_finds_the_training_run_by_the_model_md5(copy_of, tmp_path, monkeypatch):
+    """A model restored from DVC's cache has no run id beside it: its md5 finds the run that trained it."""
+    import mlflow
+
+    from trainlab.tracking import start_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    write_params(copy_of / "params.yaml")
+    params = load_params(copy_of / "params.yaml")
+    md5 = file_md5(copy_of / "models/classifier/model.safetensors")
+    for tag in ("0" * 32, md5):  # another model's run, then this model's
+        with start_run(params, stage="train_classifier", tags={"model_md5": tag}) as trained:
+            pass
+    main(["data/prepared", "models", "reports/evaluate"])
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run, = client.search_runs([trained.experiment_id], "tags.stage = 'evaluate'")
+    assert run.data.tags["classifier_run_id"] == trained.run_id
+    assert run.data.tags["segmenter_run_id"] == RUN_IDS["segmenter"]
 
 
 def test_tta_predictions_are_deterministic(workspace):

@@ -16,6 +16,7 @@ import yaml
 
 from stages import prepare, train_classifier, train_segmenter, train_text
 from trainlab.saved import load_saved_model
+from trainlab.tracking import file_md5
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
@@ -65,9 +66,14 @@ def test_loss_falls_and_outputs_exist(trained, name):
     model_dir = trained / "models" / name
     assert {"model.safetensors", "config.json", "info.json"} <= {p.name for p in model_dir.iterdir()}
     metrics = json.loads((trained / "reports" / name / "metrics.json").read_text())
-    assert metrics["epochs"] == 2 and metrics["params_trainable"] > 0
-    timing = json.loads((trained / "reports" / name / "timing.json").read_text())
-    assert timing["samples_per_s"] > 0
+    primary = "test_mean_iou" if name == "segmenter" else "test_accuracy"
+    assert {k for k in metrics if not k.startswith("baseline_")} == {primary}  # a DVC metric: the headline only
+    info = json.loads((model_dir / "info.json").read_text())
+    assert info["epochs"] == 2 and info["params_trainable"] > 0 and info["test"][primary[5:]] == metrics[primary]
+    record = json.loads((trained / "reports" / name / "run.json").read_text())  # git-ignored, not a DVC out
+    assert record["timing"]["samples_per_s"] > 0 and record["environment"]["python"]
+    assert "samples_per_s" not in rows[0]  # history.csv holds what the same inputs reproduce bit for bit
+    assert "run_id" not in info and "environment" not in info
     saved = load_saved_model(model_dir, name)
     assert saved.info["task"] == name
     assert not (trained / "checkpoints" / name / "last.pt").exists()  # removed after success
@@ -87,10 +93,17 @@ def test_text_stage_reports_the_tfidf_baseline(trained):
 @pytest.mark.parametrize("name", list(STAGES))
 def test_mlflow_run_params_metrics_and_registered_model(trained, name):
     client = mlflow.MlflowClient(f"sqlite:///{trained}/mlflow.db")
-    info = json.loads((trained / "models" / name / "info.json").read_text())
-    run = client.get_run(info["run_id"])
+    record = json.loads((trained / "reports" / name / "run.json").read_text())
+    run = client.get_run(record["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["stage"] == f"train_{name}"
+    assert run.info.run_name.startswith(f"train_{name} ")  # the stage and the short commit, not a random name
+    assert run.data.tags["model_md5"] == record["model_md5"] == file_md5(trained / "models" / name / "model.safetensors")
+    folder = STAGES[name][1]
+    inputs = {(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in run.inputs.dataset_inputs}
+    assert inputs == {(f"{folder}/{split}", file_md5(trained / "data/prepared" / folder / f"{split}.safetensors"),
+                       context) for split, context in (("train", "training"), ("val", "validation"),
+                                                       ("test", "test"))}
     assert run.data.params[f"{name}.epochs"] == "2"
     assert "test_accuracy" in run.data.metrics or "test_mean_iou" in run.data.metrics
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]

@@ -1,4 +1,5 @@
-"""The profile's numbers and outputs: achieved FLOP/s and MFU, metrics.json for DVC, a markdown report, a bar chart."""
+"""The profile's numbers and outputs: achieved FLOP/s and MFU, headline metrics for DVC and the full measurements,
+a markdown report, a bar chart."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ def metrics_dict(device: DeviceProfile, models: list[ModelProfile], seconds: flo
                            for name, m in model.settings.items()}
     out["stage_seconds"] = round(seconds, 1)
     return out
+
+
+def headline_metrics(models: list[ModelProfile]) -> dict[str, Any]:
+    """The profile's DVC metrics: each model's fastest training throughput (samples/s, over the settings measured).
+    The full matrix (and the stage's timing) goes to measurements.json, a plain report, so `dvc exp show` stays
+    readable."""
+    best = {m.task: _round(max(s["train_samples_per_s"] for s in m.settings.values())) for m in models if m.settings}
+    return {"best_train_samples_per_s": best}
 
 
 def derived(m: dict[str, float], flops: dict[str, int], batch_size: int, peak: float,

@@ -23,6 +23,7 @@ from trainlab.profiling.report import (
     ModelProfile,
     derived,
     flat_metrics,
+    headline_metrics,
     markdown_report,
     metrics_dict,
     throughput_chart,
@@ -38,6 +39,7 @@ TASKS = tuple(DATA_FOLDERS)
 # left (see throughput.time_step), so a 2-core machine still measures every setting of the default models.
 CPU_TIME_BUDGET_S = 90.0
 RESERVE_S = 6.0  # kept back for the report, the chart and the MLflow artifacts
+MEASUREMENTS_FILE = "measurements.json"  # every setting's figures; metrics.json keeps the headline ones
 
 Log = Callable[[str], None]
 
@@ -128,7 +130,7 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
                    tasks: Sequence[str] = TASKS, time_budget_s: float | None | str = "auto",
                    log: Log = log_line) -> ProfileOutcome:
     """Profile each trained model: throughput per setting, FLOPs, MFU, peak memory, a trace; write
-    `out_dir/{metrics.json,report.md,throughput.png,trace_<task>.json,top_ops_<task>.txt}` (and on CUDA
+    `out_dir/{metrics.json,measurements.json,report.md,throughput.png,trace_<task>.json,top_ops_<task>.txt}` (and on CUDA
     `memory_snapshot_<task>.json`) atomically, and log them all to one MLflow run (stage "profile").
 
     `time_budget_s`: "auto" is CPU_TIME_BUDGET_S on a CPU and no limit on a GPU; None is no limit.
@@ -176,7 +178,8 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
                                     "the stage's time budget on this CPU (see the steps column); each timed run "
                                     "still lasts long enough to time reliably.")
             metrics = metrics_dict(device, models, seconds)
-            write_json(staging / "metrics.json", metrics)
+            write_json(staging / MEASUREMENTS_FILE, metrics)
+            write_json(staging / "metrics.json", headline_metrics(models))
             write_text(staging / "report.md", markdown_report(device, models, cfg.batch_size, cfg.steps,
                                                               cfg.warmup_steps, cfg.repeats, seconds))
             throughput_chart(models, staging / "throughput.png")
