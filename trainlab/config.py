@@ -137,7 +137,7 @@ class TextParams(TrainParams):
     pooling: Literal["mean", "cls"] = "mean"
     embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
     ngrams: int = Field(2, ge=1, le=3, description="ngram_bag: words and their 2..ngrams-grams")
-    buckets: int = Field(2**17, ge=1, le=2**24, description="ngram_bag: hash buckets for the n-grams")
+    buckets: int = Field(65536, ge=1, le=2**24, description="ngram_bag: hash buckets for the n-grams")
     baseline_max_features: int = Field(50000, ge=10)
     baseline_C: float = Field(1.0, gt=0)
 

@@ -37,7 +37,7 @@ class NgramBag(nn.Module):
     (padding left out), dropout, one linear layer."""
 
     def __init__(self, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0, dim: int = 64,
-                 ngrams: int = 2, buckets: int = 2**17, dropout: float = 0.0):
+                 ngrams: int = 2, buckets: int = 65536, dropout: float = 0.0):
         super().__init__()
         self.vocab_size, self.max_length, self.pad_id = vocab_size, max_length, pad_id
         self.ngrams, self.buckets = ngrams, buckets if ngrams > 1 else 0
