@@ -3,6 +3,7 @@
     python -m benchmarks                       # everything (about 10-12 minutes on a quiet 2-core CPU)
     python -m benchmarks --quick               # a smoke version (about 3-4 minutes)
     python -m benchmarks --only classifier,mfu # some parts: classifier, segmenter, text, mfu, overhead, scaling
+    python -m benchmarks --only text_quality   # model quality: text_quality, segmentation_quality (or quality)
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from benchmarks.common import DEFAULT_OUT, PartResult, environment, fmt, log, table, write_json, write_text
 
 TRAINING = ("classifier", "segmenter", "text")
-PARTS = (*TRAINING, "mfu", "overhead", "scaling")
-ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS}
+QUALITY = ("text_quality", "segmentation_quality")  # model quality on user-like data (minutes each)
+PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY)
+ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS, "quality": QUALITY}
 
 # The targets per device: (headline key, comparison, threshold, what). CPU: the 2-core machine's; CUDA: one H200's.
 TARGETS = {
@@ -126,6 +128,9 @@ def main(argv: list[str]) -> int:
         results.append(run_part("scaling", lambda m: m.run(args.quick, args.repeats, device)))
     if "overhead" in args.parts:
         results.append(run_part("overhead", lambda m: m.run(args.quick, args.repeats, keep=args.keep_workspace)))
+    for part in QUALITY:
+        if part in args.parts:
+            results.append(run_part(part, lambda m: m.run(args.quick)))
 
     seconds = time.perf_counter() - started
     headline: dict[str, Any] = {}

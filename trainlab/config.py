@@ -59,6 +59,9 @@ class SegmentationData(Section):
     max_digits: int = Field(3, ge=1, le=8)
     canvases_per_digit: float = Field(1.0, gt=0, le=20)
     num_classes: int = Field(11, ge=2, le=256)
+    # label-preserving transforms of the user's images, for augmentation (recorded in meta.json): none; flips
+    # (horizontal and vertical); dihedral (flips and 90-degree rotations). The embedded digit canvases allow none.
+    symmetries: Literal["none", "flips", "dihedral"] = "none"
 
 
 class TextData(Section):
@@ -70,6 +73,8 @@ class TextData(Section):
     vocab_size: int = Field(8000, ge=16, le=1_000_000)
     min_frequency: int = Field(2, ge=1)
     max_length: int = Field(48, ge=4, le=4096)
+    lowercase: bool = True
+    oov_buckets: int = Field(0, ge=0, le=1_000_000, description="hash words outside the vocabulary into this many ids")
 
 
 class DataParams(Section):
@@ -117,15 +122,23 @@ class SegmenterParams(TrainParams):
     depth: int = Field(3, ge=1, le=6)
     depthwise_separable: bool = False
     dice_weight: float = Field(0.5, ge=0, le=10)
+    crop_size: int | None = Field(None, ge=8, le=8192, description="train on random square crops of this size "
+                                  "(null: whole images); val and test always see whole images")
+    inference_tile: int | None = Field(None, ge=16, le=8192, description="val/test: predict images larger than this "
+                                       "in overlapping tiles of this size (null: whole images at once)")
 
 
 class TextParams(TrainParams):
+    arch: Literal["transformer", "ngram_bag"] = "transformer"
     d_model: int = Field(128, ge=8, le=4096)
     n_heads: int = Field(4, ge=1, le=64)
     n_layers: int = Field(2, ge=1, le=48)
     dim_feedforward: int = Field(256, ge=8)
     dropout: float = Field(0.1, ge=0, lt=1)
     pooling: Literal["mean", "cls"] = "mean"
+    embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
+    ngrams: int = Field(2, ge=1, le=3, description="ngram_bag: words and their 2..ngrams-grams")
+    buckets: int = Field(65536, ge=1, le=2**24, description="ngram_bag: hash buckets for the n-grams")
     baseline_max_features: int = Field(50000, ge=10)
     baseline_C: float = Field(1.0, gt=0)
 

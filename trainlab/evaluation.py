@@ -40,7 +40,8 @@ PER_CLASS_FILES = {"classifier": "classifier_per_class.csv", "segmenter": "segme
                    "text": "text_per_class.csv"}
 CONFUSION_MATRICES_FILE = "confusion_matrices.json"
 PICTURE_FILES = {"misclassified": "misclassified.png", "segmentation": "segmentation_overlays.png",
-                 "attention": "attention.png", "feature_maps": "feature_maps.png"}
+                 "attention": "attention.png", "feature_maps": "feature_maps.png", "ngrams": "text_ngrams.png"}
+TOP_NGRAMS = 12  # n-grams per class in the n-gram bag's picture
 OUTPUT_FILES = (METRICS_FILE, *CONFUSION_FILES.values(), *PER_CLASS_FILES.values(), CONFUSION_MATRICES_FILE,
                 *PICTURE_FILES.values())
 
@@ -298,8 +299,46 @@ def attention_maps(model: nn.Module, tokens: torch.Tensor, pad_id: int, device: 
 
 
 def decode_tokens(ids: torch.Tensor, vocab: list[str], pad_id: int) -> list[str]:
-    """Token strings of one id sequence, [CLS] and [UNK] kept, padding dropped."""
-    return [vocab[i] for i in ids.tolist() if i != pad_id]
+    """Token strings of one id sequence, [CLS] and [UNK] kept, padding dropped; hashed words read ``<oov:k>``."""
+    from trainlab.data.tokenizer import token_name
+
+    return [token_name(vocab, i) for i in ids.tolist() if i != pad_id]
+
+
+@torch.inference_mode()
+def top_ngrams(model: nn.Module, tokens: torch.Tensor, vocab: list[str], class_count: int,
+               top: int = TOP_NGRAMS) -> list[list[tuple[str, float]]]:
+    """Per class, the n-grams of `tokens` (test texts) that add most to that class's logit in an n-gram bag, with
+    their weights. N-grams are named by their words; two n-grams sharing a hash bucket share a weight."""
+    from trainlab.data.tokenizer import token_name
+    from trainlab.models.ngram_bag import ngram_ids
+
+    model = model.float().cpu().eval()
+    tokens = tokens.cpu()
+    bag = ngram_ids(tokens, model.vocab_size, model.ngrams, model.buckets, model.pad_id)
+    names: dict[int, str] = {}
+    length = tokens.size(1)
+    for row, bag_row in zip(tokens.tolist(), bag.tolist()):
+        # bag_row holds the words, then the 2-grams from each position, then the 3-grams, ... (see ngram_ids)
+        offset = 0
+        for n in range(1, model.ngrams + 1):
+            width = length - n + 1
+            for i in range(max(width, 0)):
+                bag_id = bag_row[offset + i]
+                if bag_id != model.pad_id and bag_id not in names:
+                    names[bag_id] = " ".join(token_name(vocab, t) for t in row[i:i + n])
+            offset += max(width, 0)
+    ids = torch.tensor(sorted(names), dtype=torch.long)
+    if len(ids) == 0:
+        return [[] for _ in range(class_count)]
+    scores = model.ngram_scores(ids)  # (K, classes)
+    # what sets a class apart: its score minus the mean over classes (a constant shift of all classes changes nothing)
+    contrast = scores - scores.mean(dim=1, keepdim=True)
+    out = []
+    for c in range(class_count):
+        values, order = contrast[:, c].topk(min(top, len(ids)))
+        out.append([(names[int(ids[i])], round(float(v), 4)) for v, i in zip(values, order)])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -416,12 +455,22 @@ def evaluate_text(inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskR
     keep = min(FEW_EXAMPLES, params.evaluate.n_examples)
     tokens, pad_id = inputs.test["tokens"][:keep], inputs.config.get("pad_id", 0)
     names = report.confusion["labels"]
+    # each model shows what it has: attention maps (Transformer) or its most weighted n-grams (n-gram bag); the
+    # other picture says why it is empty, so that both declared outputs exist whatever text.arch is
+    if inputs.config.get("arch") == "ngram_bag":
+        report.pictures = {
+            "ngrams": {"class_names": names, "ngrams": top_ngrams(inputs.model, inputs.test["tokens"],
+                                                                  inputs.extra["vocab"], len(names))},
+            "attention": {"tokens": [], "attentions": [], "empty": "The n-gram bag model has no attention; "
+                          "its most weighted n-grams per class are in text_ngrams.png."}}
+        return report
     report.pictures = {"attention": {
         "tokens": [decode_tokens(t, inputs.extra["vocab"], pad_id) for t in tokens],
         "attentions": attention_maps(inputs.model, tokens, pad_id, runtime.device),
         "titles": [f"true {names[a]}, predicted {names[p]}"
                    for a, p in zip(inputs.test["labels"][:keep].tolist(), predicted[:keep].tolist())],
-    }}
+    }, "ngrams": {"class_names": names, "ngrams": [], "empty": "The Transformer has no n-gram weights; its "
+                  "attention maps are in attention.png."}}
     return report
 
 
@@ -447,6 +496,7 @@ def write_pictures(folder: Path, pictures: dict[str, Any]) -> None:
         "segmentation": lambda p: draw.segmentation_overlays(**p),
         "attention": lambda p: draw.attention_heatmaps(**p),
         "feature_maps": lambda p: draw.feature_map_grid(**p),
+        "ngrams": lambda p: draw.ngram_bars(**p),
     }
     for key, data in pictures.items():
         draw.save_figure(figures[key](data), folder / PICTURE_FILES[key])

@@ -114,11 +114,11 @@ def segmentation_overlays(images: torch.Tensor, masks: torch.Tensor, predicted: 
 
 
 def attention_heatmaps(tokens: Sequence[Sequence[str]], attentions: Sequence[torch.Tensor],
-                       titles: Sequence[str] | None = None) -> Figure:
+                       titles: Sequence[str] | None = None, empty: str = "No test texts.") -> Figure:
     """One heatmap per text: attention from each token (rows, queries) to each token (columns, keys)."""
     count = len(tokens)
     if count == 0:
-        return message_figure("No test texts.")
+        return message_figure(empty)
     cols = min(2, count)
     rows = math.ceil(count / cols)
     fig = new_figure(6 * cols, 6 * rows)
@@ -137,6 +137,31 @@ def attention_heatmaps(tokens: Sequence[Sequence[str]], attentions: Sequence[tor
         ax.set_title(titles[k] if titles else f"test text {k}", fontsize=9)
         fig.colorbar(image, ax=ax, shrink=0.7)
     fig.suptitle("Last-layer self-attention, mean over heads", fontsize=11)
+    return fig
+
+
+def ngram_bars(class_names: Sequence[str], ngrams: Sequence[Sequence[tuple[str, float]]],
+               empty: str = "No n-grams.") -> Figure:
+    """One horizontal bar chart per class: its most weighted n-grams (largest at the top)."""
+    shown = [(name, rows) for name, rows in zip(class_names, ngrams) if rows]
+    if not shown:
+        return message_figure(empty)
+    cols = min(3, len(shown))
+    rows_n = math.ceil(len(shown) / cols)
+    longest = max(len(rows) for _, rows in shown)
+    fig = new_figure(4.5 * cols, 0.28 * longest * rows_n + 1.2 * rows_n)
+    axes = fig.subplots(rows_n, cols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= len(shown):
+            ax.set_axis_off()
+            continue
+        name, rows = shown[k]
+        labels, values = [r[0] for r in rows][::-1], [r[1] for r in rows][::-1]
+        ax.barh(range(len(rows)), values, color="tab:blue")
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"class {name}", fontsize=9)
+    fig.suptitle("Most weighted n-grams per class (logit added, relative to the mean over classes)", fontsize=10)
     return fig
 
 

@@ -53,7 +53,8 @@ def build_task(name: str, params: Params, meta: dict) -> Task:
                                          head=head, head_lr=cfg.head_lr)
     if name == "segmenter":
         model = models.build_segmenter(cfg, num_classes=n, in_channels=meta["channels"])
-        return tasks.segmentation_task(model, n, cfg.dice_weight, cfg.augment, cfg.label_smoothing)
+        return tasks.segmentation_task(model, n, cfg.dice_weight, cfg.augment, cfg.label_smoothing, cfg.crop_size,
+                                       meta.get("symmetries", "none"), meta.get("class_names"))
     if name == "text":
         model = models.build_text_model(cfg, vocab_size=meta["vocab_size"], num_classes=n,
                                         max_length=meta["max_length"], pad_id=meta.get("pad_id", 0))
@@ -120,7 +121,8 @@ def check_prepared(name: str, data_dir: Path, meta: dict, splits: dict[str, dict
             raise DataError(f"{path}: {target_key} {low}..{high} outside the {n} classes of {meta_file}")
     if splits["train"][inputs_key].shape[0] < batch_size:
         raise DataError(f"{split_path(data_dir, 'train')}: {splits['train'][inputs_key].shape[0]} training samples, "
-                        f"fewer than {name}.batch_size ({batch_size}): lower the batch size or add data")
+                        f"fewer than {name}.batch_size ({batch_size}): the largest batch size that works is "
+                        f"{splits['train'][inputs_key].shape[0]} (set {name}.batch_size to it or lower), or add data")
 
 
 def fingerprint(params: Params, name: str, data_dir: Path) -> str:

@@ -48,3 +48,30 @@ def test_loading_a_missing_or_foreign_file_names_it(tmp_path):
     (tmp_path / "other.json").write_text('{"vocab": []}')
     with pytest.raises(DataError, match="other.json: not a"):
         Tokenizer.load(tmp_path / "other.json")
+
+
+def test_lowercase_false_keeps_case_apart():
+    tok = Tokenizer.fit(["Good good GOOD"], vocab_size=16, min_frequency=1, max_length=8, lowercase=False)
+    assert set(tok.vocab[3:]) == {"Good", "good", "GOOD"}
+    assert Tokenizer.fit(["Good good GOOD"], 16, 1, 8).vocab[3:] == ["good"]
+
+
+def test_oov_buckets_hash_unknown_words_stably_after_the_vocabulary():
+    tok = Tokenizer.fit(["seen words"], vocab_size=16, min_frequency=1, max_length=8, oov_buckets=1000)
+    assert tok.vocab_size == len(tok.vocab) + 1000
+    ids = tok.encode(["seen zebra quokka zebra"])[0].tolist()
+    known, zebra, quokka, zebra_again = ids[1:5]
+    assert known == tok.ids["seen"]
+    assert zebra == zebra_again and zebra != quokka  # crc32 of these two differs mod 1000
+    assert all(len(tok.vocab) <= i < tok.vocab_size for i in (zebra, quokka))
+    assert tok.decode([zebra]) == [f"<oov:{zebra - len(tok.vocab)}>"]
+    without = Tokenizer.fit(["seen words"], 16, 1, 8)
+    assert without.encode(["zebra"])[0, 1] == UNK_ID
+
+
+def test_options_survive_the_json_round_trip(tmp_path):
+    tok = Tokenizer.fit(["A b"], vocab_size=16, min_frequency=1, max_length=8, lowercase=False, oov_buckets=7)
+    tok.save(tmp_path / "tok.json")
+    again = Tokenizer.load(tmp_path / "tok.json")
+    assert (again.lowercase, again.oov_buckets, again.vocab) == (False, 7, tok.vocab)
+    assert torch.equal(again.encode(["A b C"]), tok.encode(["A b C"]))

@@ -12,6 +12,7 @@ from trainlab.config import Params
 from trainlab.data import sources, stats
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
 from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer
+from trainlab.errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
 Log = Callable[[str], None]
@@ -46,12 +47,24 @@ def prepare_segmentation(params: Params, folder: Path, log: Log) -> dict[str, An
                                    "masks": torch.from_numpy(data.masks[split])})
     size = stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(data.masks[s]) for s in sources.SPLITS})
+    symmetries = segmentation_symmetries(params)
     save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": len(data.class_names),
-                       "class_names": data.class_names, **size, "counts": counts, "hflip": False})
+                       "class_names": data.class_names, **size, "counts": counts, "hflip": False,
+                       "symmetries": symmetries})
     log(f"segmentation ({data.description}): {split_counts_text(counts)}; "
-        f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}")
+        f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}; symmetries {symmetries}")
     return {"num_classes": len(data.class_names), **size, "samples": counts, **data.extra,
             "pixel_fraction": {s: stats.pixel_fractions(data.masks[s], data.class_names) for s in sources.SPLITS}}
+
+
+def segmentation_symmetries(params: Params) -> str:
+    """The label-preserving transforms the segmentation data allows: the user's data.segmentation.symmetries; none
+    for the embedded digit canvases (a mirrored or rotated digit is another digit, or none)."""
+    seg = params.data.segmentation
+    if seg.source == "embedded" and seg.symmetries != "none":
+        raise DataError(f"data.segmentation.symmetries is {seg.symmetries!r}, but the embedded digit canvases allow "
+                        "no flips or rotations (a mirrored digit is not the same digit): set it to none")
+    return seg.symmetries
 
 
 def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
@@ -61,7 +74,8 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     parts = sources.text_splits(labeled, params.data, params.base.seed)
     split_texts = {s: [labeled.texts[i] for i in parts[s]] for s in sources.SPLITS}
     split_labels = {s: labeled.labels[parts[s]] for s in sources.SPLITS}
-    tokenizer = Tokenizer.fit(split_texts["train"], cfg.vocab_size, cfg.min_frequency, cfg.max_length)
+    tokenizer = Tokenizer.fit(split_texts["train"], cfg.vocab_size, cfg.min_frequency, cfg.max_length, cfg.lowercase,
+                              cfg.oov_buckets)
     tokenizer.save(folder / TOKENIZER_FILE)
     lengths = {}
     for split in sources.SPLITS:
@@ -74,10 +88,12 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     save_meta(folder, {"task": "text", "source": description, "num_classes": len(labeled.class_names),
                        "class_names": labeled.class_names, "vocab_size": tokenizer.vocab_size,
                        "max_length": cfg.max_length, "pad_id": PAD_ID, "unk_id": UNK_ID, "cls_id": CLS_ID,
+                       "lowercase": cfg.lowercase, "oov_buckets": cfg.oov_buckets,
                        "counts": counts, "raw_rows": labeled.raw_rows,
                        "dropped_duplicates": labeled.dropped_duplicates})
     log(f"text ({description}): {labeled.raw_rows:,} rows, {labeled.dropped_duplicates:,} duplicates dropped -> "
-        f"{split_counts_text(counts)}; vocabulary {tokenizer.vocab_size:,}")
+        f"{split_counts_text(counts)}; vocabulary {len(tokenizer.vocab):,}"
+        + (f" + {cfg.oov_buckets:,} hash buckets for other words" if cfg.oov_buckets else ""))
     return {"num_classes": len(labeled.class_names), "raw_rows": labeled.raw_rows,
             "dropped_duplicates": labeled.dropped_duplicates, "samples": counts,
             "per_class": {s: stats.class_counts(split_labels[s], labeled.class_names) for s in sources.SPLITS},

@@ -1,17 +1,20 @@
 """A small word-level tokenizer: documented normalisation, a frequency vocabulary fitted on train texts, JSON on disk.
 
-Normalisation: lowercase; URLs become ``<url>``, @mentions ``<user>``, and a hashtag ``#word`` becomes
+Normalisation: lowercase (unless ``lowercase=False``); URLs become ``<url>``, @mentions ``<user>``, and a hashtag ``#word`` becomes
 ``<hashtag> word``. Tokens: the placeholders, words (letters/digits/underscore, with inner apostrophes such as
 ``don't``) and single punctuation or symbol characters.
 Vocabulary: [PAD]=0, [UNK]=1, [CLS]=2, then the tokens seen at least ``min_frequency`` times in the training
 texts, most frequent first, ties broken alphabetically, up to ``vocab_size`` entries in all.
-Encoding: [CLS] first, then the token ids (unknown tokens -> [UNK]), cut to ``max_length``, padded with [PAD].
+Encoding: [CLS] first, then the token ids, cut to ``max_length``, padded with [PAD]. A token outside the
+vocabulary becomes [UNK], or with ``oov_buckets`` > 0 the id ``len(vocab) + crc32(token) % oov_buckets`` (stable
+across processes and machines), so rare words still carry a feature of their own most of the time.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -33,42 +36,55 @@ HASHTAG_RE = re.compile(r"#(\w+)")
 TOKEN_RE = re.compile(r"<url>|<user>|<hashtag>|\w+(?:'\w+)*|[^\w\s]")
 
 
-def normalize(text: str) -> str:
-    """Lowercase and replace URLs, mentions and hashtags by placeholder tokens."""
-    text = URL_RE.sub(" <url> ", text.lower())
+def normalize(text: str, lowercase: bool = True) -> str:
+    """Lowercase (optionally) and replace URLs, mentions and hashtags by placeholder tokens."""
+    text = URL_RE.sub(" <url> ", text.lower() if lowercase else text)
     text = MENTION_RE.sub(" <user> ", text)
     return HASHTAG_RE.sub(r" <hashtag> \1 ", text)
 
 
-def split_tokens(text: str) -> list[str]:
+def split_tokens(text: str, lowercase: bool = True) -> list[str]:
     """The tokens of one text after normalisation."""
-    return TOKEN_RE.findall(normalize(text))
+    return TOKEN_RE.findall(normalize(text, lowercase))
 
 
 class Tokenizer:
     """Maps texts to fixed-length id sequences with a frozen vocabulary."""
 
-    def __init__(self, vocab: Sequence[str], max_length: int):
+    def __init__(self, vocab: Sequence[str], max_length: int, lowercase: bool = True, oov_buckets: int = 0):
         if tuple(vocab[:3]) != SPECIAL_TOKENS:
             raise ValueError(f"the vocabulary must start with {SPECIAL_TOKENS}")
+        if oov_buckets < 0:
+            raise ValueError(f"oov_buckets must be >= 0, got {oov_buckets}")
         self.vocab = list(vocab)
-        self.max_length = max_length
+        self.max_length, self.lowercase, self.oov_buckets = max_length, lowercase, oov_buckets
         self.ids = {token: i for i, token in enumerate(self.vocab)}
 
     @classmethod
-    def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int) -> Tokenizer:
+    def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int, lowercase: bool = True,
+            oov_buckets: int = 0) -> Tokenizer:
         """Build the vocabulary from (training) texts only."""
-        counts = Counter(token for text in texts for token in split_tokens(text))
+        counts = Counter(token for text in texts for token in split_tokens(text, lowercase))
         frequent = sorted((t for t, c in counts.items() if c >= min_frequency), key=lambda t: (-counts[t], t))
-        return cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length)
+        return cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length, lowercase,
+                   oov_buckets)
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocab)
+        """Ids in use: the vocabulary, then the out-of-vocabulary hash buckets."""
+        return len(self.vocab) + self.oov_buckets
+
+    def token_id(self, token: str) -> int:
+        known = self.ids.get(token)
+        if known is not None:
+            return known
+        if not self.oov_buckets:
+            return UNK_ID
+        return len(self.vocab) + zlib.crc32(token.encode("utf-8")) % self.oov_buckets
 
     def token_ids(self, text: str) -> list[int]:
         """[CLS] and the ids of every token of `text`, not cut to max_length."""
-        return [CLS_ID, *(self.ids.get(token, UNK_ID) for token in split_tokens(text))]
+        return [CLS_ID, *(self.token_id(token) for token in split_tokens(text, self.lowercase))]
 
     def encode_with_lengths(self, texts: Sequence[str]) -> tuple[torch.Tensor, np.ndarray]:
         """Ids (N, max_length) int64 and each text's full length in tokens ([CLS] included) before cutting."""
@@ -86,12 +102,13 @@ class Tokenizer:
         return self.encode_with_lengths(texts)[0]
 
     def decode(self, ids: Sequence[int]) -> list[str]:
-        """The tokens of an id sequence, special tokens dropped (for inspection)."""
-        return [self.vocab[i] for i in ids if i >= len(SPECIAL_TOKENS)]
+        """The tokens of an id sequence, special tokens dropped (for inspection); hashed words read ``<oov:k>``."""
+        return [token_name(self.vocab, i) for i in ids if i >= len(SPECIAL_TOKENS)]
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "lowercase": True, "max_length": self.max_length, "pad_id": PAD_ID,
-                "unk_id": UNK_ID, "cls_id": CLS_ID, "token_pattern": TOKEN_RE.pattern, "vocab": self.vocab}
+        return {"format": FORMAT, "lowercase": self.lowercase, "max_length": self.max_length, "pad_id": PAD_ID,
+                "unk_id": UNK_ID, "cls_id": CLS_ID, "oov_buckets": self.oov_buckets,
+                "token_pattern": TOKEN_RE.pattern, "vocab": self.vocab}
 
     def save(self, path: str | Path) -> None:
         write_json(path, self.to_dict())
@@ -108,4 +125,9 @@ class Tokenizer:
             raise DataError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise DataError(f"{path}: not a {FORMAT} tokenizer file")
-        return cls(data["vocab"], data["max_length"])
+        return cls(data["vocab"], data["max_length"], data.get("lowercase", True), data.get("oov_buckets", 0))
+
+
+def token_name(vocab: Sequence[str], i: int) -> str:
+    """The vocabulary entry of id `i`, or ``<oov:k>`` for the k-th out-of-vocabulary hash bucket."""
+    return vocab[i] if i < len(vocab) else f"<oov:{i - len(vocab)}>"

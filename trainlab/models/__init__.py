@@ -39,6 +39,8 @@ def build_from_config(task: str, config: dict) -> nn.Module:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(_BUILDERS)}")
     params_type, build = _BUILDERS[task]
     fields = {k: v for k, v in config.items() if k in params_type.model_fields}
+    if task == "text" and fields.get("arch") == "transformer_encoder":  # the config's name for text.arch transformer
+        fields["arch"] = "transformer"
     kwargs = {k: v for k, v in config.items() if k not in params_type.model_fields and k not in ("task", "arch")}
     try:
         model = build(params_type(**fields), **kwargs)

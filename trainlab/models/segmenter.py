@@ -31,9 +31,9 @@ class UNet(nn.Module):
     """U-Net with `depth` 2x downsamplings; widths base, 2*base, ..., base * 2**depth at the bottleneck."""
 
     def __init__(self, num_classes: int, in_channels: int, base_channels: int = 16, depth: int = 3,
-                 depthwise_separable: bool = False, checkpointing: bool = False):
+                 depthwise_separable: bool = False, checkpointing: bool = False, inference_tile: int | None = None):
         super().__init__()
-        self.depth, self.checkpointing = depth, checkpointing
+        self.depth, self.checkpointing, self.inference_tile = depth, checkpointing, inference_tile
         widths = [base_channels * 2**i for i in range(depth + 1)]
         dw = depthwise_separable
         self.encoder = nn.ModuleList(
@@ -46,6 +46,28 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(widths[0], num_classes, 1)
 
     def forward(self, x):
+        tile = self.inference_tile
+        if tile and not self.training and max(x.shape[-2:]) > tile:
+            return self.tiled(x, tile)
+        return self.whole(x)
+
+    def tiled(self, x: torch.Tensor, tile: int) -> torch.Tensor:
+        """Sliding-window prediction: overlapping tiles (a quarter of a tile apart at least), logits averaged where
+        tiles overlap, so that tile borders leave no seams; tile positions depend only on the image size."""
+        h, w = x.shape[-2:]
+        stride = max(1, tile - tile // 4)
+        logits = counts = None
+        for top in window_starts(h, tile, stride):
+            for left in window_starts(w, tile, stride):
+                part = self.whole(x[..., top:top + tile, left:left + tile])
+                if logits is None:
+                    logits = part.new_zeros((*part.shape[:2], h, w))
+                    counts = part.new_zeros((1, 1, h, w))
+                logits[..., top:top + tile, left:left + tile] += part
+                counts[..., top:top + tile, left:left + tile] += 1
+        return logits / counts
+
+    def whole(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
         multiple = 2**self.depth
         if h % multiple or w % multiple:  # pad to a multiple of 2**depth, crop the logits back
@@ -60,12 +82,22 @@ class UNet(nn.Module):
         return self.head(x)[..., :h, :w]
 
 
+def window_starts(size: int, tile: int, stride: int) -> list[int]:
+    """Start offsets of windows of `tile` covering 0..size, `stride` apart, the last one flush with the end."""
+    if size <= tile:
+        return [0]
+    starts = list(range(0, size - tile, stride))
+    return [*starts, size - tile]
+
+
 def build_segmenter(p: SegmenterParams, num_classes: int, in_channels: int) -> nn.Module:
     """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images."""
-    model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing)
+    model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing,
+                 p.inference_tile)
     init_weights(model, p.init)
     model.config = {
         "task": "segmenter", "arch": "unet", "base_channels": p.base_channels, "depth": p.depth,
         "depthwise_separable": p.depthwise_separable, "num_classes": num_classes, "in_channels": in_channels,
+        "inference_tile": p.inference_tile,
     }
     return model

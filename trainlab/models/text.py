@@ -1,4 +1,5 @@
-"""Transformer encoder text classifier: token + position embeddings, pre-norm SDPA blocks, pooled linear head."""
+"""Text classifiers: a Transformer encoder (token + position embeddings, pre-norm SDPA blocks, pooled linear head)
+and the n-gram bag of trainlab.models.ngram_bag, chosen by text.arch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch import nn
 from trainlab.config import TextParams
 from trainlab.models.classifier import checkpoint_block
 from trainlab.models.init import init_weights
+from trainlab.models.ngram_bag import NgramBag
 
 
 class SelfAttention(nn.Module):
@@ -63,12 +65,15 @@ class TextTransformer(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0, d_model: int = 128,
                  n_heads: int = 4, n_layers: int = 2, dim_feedforward: int = 256, dropout: float = 0.1,
-                 pooling: str = "mean", checkpointing: bool = False):
+                 pooling: str = "mean", checkpointing: bool = False, embedding_dropout: float = 0.0):
         super().__init__()
         self.max_length, self.pad_id, self.pooling, self.checkpointing = max_length, pad_id, pooling, checkpointing
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_length, d_model)
         self.drop = nn.Dropout(dropout)
+        # whole-word dropout: zeroes a word's embedding vector (not single features), so that the model cannot lean
+        # on a few frequent words of a small corpus
+        self.embedding_dropout = embedding_dropout
         self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
@@ -79,7 +84,11 @@ class TextTransformer(nn.Module):
             raise ValueError(f"sequence length {length} is longer than the model's max_length {self.max_length}")
         real = tokens != self.pad_id
         keep = real | ~real.any(1, keepdim=True)  # all-pad rows attend to everything rather than nothing (NaN)
-        x = self.drop(self.tok_emb(tokens) + self.pos_emb(torch.arange(length, device=tokens.device)))
+        words = self.tok_emb(tokens)
+        if self.training and self.embedding_dropout:
+            keep_word = torch.rand(words.shape[:2], device=words.device) >= self.embedding_dropout
+            words = words * keep_word.unsqueeze(-1).to(words.dtype) / (1 - self.embedding_dropout)
+        x = self.drop(words + self.pos_emb(torch.arange(length, device=tokens.device)))
         attentions = []
         for block in self.blocks:
             if return_attention:
@@ -98,13 +107,20 @@ class TextTransformer(nn.Module):
 
 
 def build_text_model(p: TextParams, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0) -> nn.Module:
-    """A Transformer encoder classifier over token ids of at most `max_length` tokens."""
+    """The text.arch classifier over token ids of at most `max_length` tokens."""
+    sizes = {"vocab_size": vocab_size, "num_classes": num_classes, "max_length": max_length, "pad_id": pad_id}
+    if p.arch == "ngram_bag":
+        model = NgramBag(vocab_size, num_classes, max_length, pad_id, p.d_model, p.ngrams, p.buckets, p.dropout)
+        # its own fastText init (trainlab.models.ngram_bag), not text.init
+        model.config = {"task": "text", "arch": "ngram_bag", "d_model": p.d_model, "ngrams": p.ngrams,
+                        "buckets": p.buckets, "dropout": p.dropout, **sizes}
+        return model
     model = TextTransformer(vocab_size, num_classes, max_length, pad_id, p.d_model, p.n_heads, p.n_layers,
-                            p.dim_feedforward, p.dropout, p.pooling, p.activation_checkpointing)
+                            p.dim_feedforward, p.dropout, p.pooling, p.activation_checkpointing, p.embedding_dropout)
     init_weights(model, p.init)
     model.config = {
         "task": "text", "arch": "transformer_encoder", "d_model": p.d_model, "n_heads": p.n_heads,
         "n_layers": p.n_layers, "dim_feedforward": p.dim_feedforward, "dropout": p.dropout, "pooling": p.pooling,
-        "vocab_size": vocab_size, "num_classes": num_classes, "max_length": max_length, "pad_id": pad_id,
+        "embedding_dropout": p.embedding_dropout, **sizes,
     }
     return model

@@ -1,0 +1,80 @@
+"""What evaluate shows of a text model: the n-gram bag's most weighted n-grams per class, drawn as bar charts;
+segmentation symmetries recorded in meta.json; the batch-size error names the largest value that works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainlab import pictures
+from trainlab.config import Params, TextParams
+from trainlab.data.prepare import prepare_segmentation, segmentation_symmetries
+from trainlab.data.thin_structures import write_paired_folders
+from trainlab.errors import DataError
+from trainlab.evaluation import top_ngrams
+from trainlab.models import build_text_model
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "good", "bad", "movie", "not"]
+
+
+def trained_bag():
+    """An n-gram bag fitted on 'good movie' and 'not bad' (class 1), 'bad movie' and 'not good' (class 0): the
+    single words occur in both classes, so only the bigrams decide."""
+    torch.manual_seed(0)
+    model = build_text_model(TextParams(arch="ngram_bag", d_model=8, buckets=256), len(VOCAB), 2, 8)
+    g, b, m, n = 3, 4, 5, 6
+    x = torch.tensor([[2, g, m], [2, n, b], [2, b, m], [2, n, g]])
+    y = torch.tensor([1, 1, 0, 0])
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    for _ in range(100):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model, x
+
+
+def test_top_ngrams_name_words_and_bigrams_that_decide_each_class():
+    model, x = trained_bag()
+    tops = top_ngrams(model, x, VOCAB, class_count=2, top=3)
+    assert len(tops) == 2 and all(len(t) == 3 for t in tops)
+    negative, positive = [[name for name, _ in t] for t in tops]
+    assert {"not bad", "good movie"} <= set(positive)
+    assert {"not good", "bad movie"} <= set(negative)
+    assert all(s1 >= s2 for t in tops for (_, s1), (_, s2) in zip(t, t[1:]))  # largest first
+
+
+def test_ngram_bars_draw_one_chart_per_class(tmp_path):
+    fig = pictures.ngram_bars(["neg", "pos"], [[("bad", 1.5), ("not good", 1.0)], [("good", 2.0)]])
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["class neg", "class pos"]
+    pictures.save_figure(fig, tmp_path / "n.png")
+    assert (tmp_path / "n.png").read_bytes()[:4] == b"\x89PNG"
+    empty = pictures.ngram_bars(["a"], [[]], empty="The Transformer has no n-gram weights.")
+    assert "no n-gram weights" in empty.axes[0].texts[0].get_text()
+
+
+def test_symmetries_land_in_meta_and_embedded_canvases_refuse_them(tmp_path):
+    root = write_paired_folders(tmp_path / "raw", count=10, size=32, seed=0)
+    params = Params.model_validate({"data": {"segmentation": {"source": "paired_folders", "root": str(root),
+                                                              "num_classes": 2, "symmetries": "dihedral"}}})
+    prepare_segmentation(params, tmp_path / "prepared", log=lambda line: None)
+    meta = json.loads((tmp_path / "prepared" / "meta.json").read_text())
+    assert meta["symmetries"] == "dihedral" and meta["class_names"] == ["cell", "boundary"]
+    assert segmentation_symmetries(Params()) == "none"
+    with pytest.raises(DataError, match="data.segmentation.symmetries"):
+        segmentation_symmetries(Params.model_validate({"data": {"segmentation": {"symmetries": "flips"}}}))
+
+
+def test_batch_larger_than_the_training_set_names_the_largest_that_works(tmp_path):
+    from trainlab.training import check_prepared
+
+    splits = {s: {"images": torch.zeros(n, 1, 8, 8, dtype=torch.uint8), "masks": torch.zeros(n, 8, 8,
+                                                                                             dtype=torch.uint8)}
+              for s, n in (("train", 21), ("val", 3), ("test", 6))}
+    meta = {"num_classes": 2, "channels": 1}
+    with pytest.raises(DataError, match=r"21 training samples, fewer than segmenter.batch_size \(32\): the largest "
+                                        r"batch size that works is 21"):
+        check_prepared("segmenter", tmp_path, meta, splits, 32)
+    check_prepared("segmenter", tmp_path, meta, splits, 21)

@@ -1,0 +1,30 @@
+"""The text benchmark: corpora from ../shared/data/text (skipped with a reason when absent), figures per model."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import text_quality
+from benchmarks.text_quality import SHARED_TEXT, markdown, measure
+
+
+def test_a_missing_corpus_is_reported_as_skipped_with_its_path(monkeypatch, tmp_path):
+    monkeypatch.setitem(text_quality.CORPORA, "nowhere", {"source": "csv", "path": str(tmp_path / "none.csv")})
+    results = measure(["nowhere"], {"ngram_bag": {"arch": "ngram_bag"}})
+    assert "none.csv not found" in results["nowhere"]["skipped"]
+    assert "| nowhere | skipped |" in markdown(results)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_TEXT / "trec_questions.csv").is_file(),
+                    reason=f"{SHARED_TEXT}/trec_questions.csv is not here (the shared corpora sit beside the checkout)")
+def test_trec_questions_through_the_user_data_path():
+    results = measure(["trec_questions"], {"ngram_bag": {"arch": "ngram_bag", "epochs": 2, "lr": 0.05,
+                                                         "batch_size": 256, "d_model": 16, "n_heads": 1}})
+    row = results["trec_questions"]
+    assert row["num_classes"] == 6 and row["samples"]["total"] > 5000
+    bag = row["models"]["ngram_bag"]
+    assert bag["arch"] == "ngram_bag" and bag["accuracy"] > 0.6  # 6 classes: chance is about 0.23
+    assert row["baseline"]["accuracy"] > 0.6
+    assert bag["over_baseline_points"] == pytest.approx(100 * (bag["accuracy"] - row["baseline"]["accuracy"]))
+    assert "| trec_questions | ngram_bag (ngram_bag) |" in markdown(results)
