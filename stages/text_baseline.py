@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trainlab.cli import run_cli
 from trainlab.config import DEFAULT_PARAMS, load_params
+from trainlab.stage_cli import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -20,9 +21,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     params = load_params(args.params)
+    probe_tracking(params)  # an unreachable server fails now (or its local fallback is taken)
     from trainlab.baseline import write_baseline
+    from trainlab.tracking import start_run
 
-    result = write_baseline(params, args.data_dir, args.out_dir)
+    with start_run(params, stage="text_baseline") as tracker:
+        tracker.log_params({"text": {k: v for k, v in params.text.model_dump().items() if k.startswith("baseline_")},
+                            "base": {"seed": params.base.seed}})
+        result = write_baseline(params, args.data_dir, args.out_dir)
+        tracker.log_metrics({"test_accuracy": result["accuracy"], "test_macro_f1": result["macro_f1"]})
     print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
           f"macro-F1 {result['macro_f1']:.4f}; wrote {args.out_dir / 'baseline.json'}")
     return result

@@ -208,10 +208,13 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict saved (CPU tensors); the device tensors the step (or its graph) uses stay the
         same objects and are written in place."""
-        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        # The loaded groups would bring their saved LR (stale: the schedule sets it; and a tensor LR must stay the
+        # object a graph reads) and their saved kernel flags (capturable, fused, foreach): keep this optimizer's.
+        kept = [{k: g[k] for k in ("lr", "capturable", "fused", "foreach") if k in g}
+                for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            group["lr"] = lr  # the loaded value is stale (the schedule sets it) and a tensor LR must stay the same object
+        for group, own in zip(self.optimizer.param_groups, kept):
+            group.update(own)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema") is not None:
