@@ -45,7 +45,8 @@ def summary_lines(reports: Path) -> list[str]:
             (f"{best[0]}: {best[1]['train_samples_per_s']:,.0f} samples/s, MFU {best[1]['train_mfu']:.0%}"
              if best and "train_mfu" in best[1] else ""),
         ]) + " |")
-    lines += ["", f"Every number: `dvc metrics show`; curves and confusion matrices: `dvc plots show`; pictures: "
+    lines += ["", "Headline numbers: `dvc metrics show`; curves, per-class figures and confusion matrices: "
+              "`dvc plots show`; every number: MLflow; pictures: "
               f"{reports / 'evaluate'}/*.png; profile report: {reports / 'profile' / 'report.md'}; "
               "runs: `mlflow ui --backend-store-uri sqlite:///mlflow.db`."]
     return lines
