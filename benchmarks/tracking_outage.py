@@ -104,7 +104,8 @@ def _run_open(uri: str) -> bool:
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("trainlab")
-    return experiment is not None and len(client.search_runs([experiment.experiment_id])) >= 2
+    return experiment is not None and bool(client.search_runs([experiment.experiment_id],
+                                                               filter_string="attributes.status = 'RUNNING'"))
 
 
 if __name__ == "__main__":
