@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import re
@@ -313,7 +314,7 @@ def top_ngrams(model: nn.Module, tokens: torch.Tensor, vocab: list[str], class_c
     from trainlab.data.tokenizer import token_name
     from trainlab.models.ngram_bag import ngram_ids
 
-    model = model.float().cpu().eval()
+    model = copy.deepcopy(model).float().cpu().eval()  # a copy: the caller's model keeps its device and dtype
     tokens = tokens.cpu()
     bag = ngram_ids(tokens, model.vocab_size, model.ngrams, model.buckets, model.pad_id)
     names: dict[int, str] = {}

@@ -29,7 +29,9 @@ TINY = {
     "base": {"seed": 5, "deterministic": True, "num_workers": 0, "precision": "fp32"},
     "data": {"segmentation": {"canvases_per_digit": 0.06, "canvas_size": 32, "max_digits": 2},
              "text": {"vocab_size": 2000, "max_length": 32}},
-    "classifier": {"width": 4, "epochs": 3, "batch_size": 16, "lr": 0.01, "warmup_epochs": 0.0,
+    # width 8, not 4: a 4-wide classifier's channels_last backward hangs or crashes in oneDNN on AVX2-only CPUs
+    # (torch 2.14.1, seen on this project's 2-core machine)
+    "classifier": {"width": 8, "epochs": 3, "batch_size": 16, "lr": 0.01, "warmup_epochs": 0.0,
                    "checkpoint_every_steps": 5},
     "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 8, "warmup_epochs": 0.0},
     "text": {"d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
