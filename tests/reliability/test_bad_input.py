@@ -249,7 +249,7 @@ def test_bad_raw_data_exit_3_naming_the_file_and_row_nothing_written(tmp_path, m
 
 # --- checkpoints and saved models that do not fit -------------------------------------------------------------------
 
-@pytest.mark.parametrize("other", [{"width": 8}, {"num_classes": 5}], ids=["other-architecture", "other-class-count"])
+@pytest.mark.parametrize("other", [{"width": 16}, {"num_classes": 5}], ids=["other-architecture", "other-class-count"])
 def test_resume_checkpoint_that_does_not_fit_the_model_exit_4(tmp_path, prepared, monkeypatch, capsys, other):
     """Same params and data (so the same fingerprint) but a model that no longer fits (its code changed): a clear
     error naming the checkpoint and the mismatched keys, not a traceback from load_state_dict."""
@@ -262,7 +262,7 @@ def test_resume_checkpoint_that_does_not_fit_the_model_exit_4(tmp_path, prepared
     params = tiny_params()
     ws = make_workspace(tmp_path / "ws", prepared, params)
     p = Params.model_validate(params)
-    model = build_classifier(p.classifier.model_copy(update={"width": other.get("width", 4)}),
+    model = build_classifier(p.classifier.model_copy(update={"width": other.get("width", 8)}),
                              num_classes=other.get("num_classes", 10), in_channels=1)
     save_checkpoint(ws / CHECKPOINT, {"fingerprint": fingerprint(p, "classifier", ws / "data/prepared/classification"),
                                       "model": model.state_dict()})
@@ -300,7 +300,7 @@ def _other_architecture(models: Path) -> str:
     from trainlab.config import ClassifierParams
     from trainlab.models import build_classifier
 
-    wider = build_classifier(ClassifierParams(width=8), num_classes=10, in_channels=1)
+    wider = build_classifier(ClassifierParams(width=16), num_classes=10, in_channels=1)
     save_file({k: v.contiguous() for k, v in wider.state_dict().items()}, str(models / "classifier/model.safetensors"))
     return r"models/classifier/model\.safetensors: does not match the model \(shape mismatch"
 
@@ -310,7 +310,7 @@ def _other_class_count(models: Path) -> str:
     from trainlab.models import build_classifier
     from trainlab.training import save_model
 
-    save_model(build_classifier(ClassifierParams(width=4), num_classes=5, in_channels=1), models / "classifier",
+    save_model(build_classifier(ClassifierParams(width=8), num_classes=5, in_channels=1), models / "classifier",
                extra_json={"info.json": {"task": "classifier"}})
     return r"models/classifier/config\.json: the model has num_classes=5 but .*classification/meta\.json says 10"
 
