@@ -184,7 +184,8 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
             return
         save_checkpoint(ckpt, {
             "fingerprint": fingerprint, "model": model.state_dict(), "step": step.state_dict(), "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "history": history, "train_time": elapsed, "rng": rng_state(),
+            "step_in_epoch": step_in_epoch, "update": step.updates, "history": history, "train_time": elapsed,
+            "rng": rng_state(),
         })
         distributed.barrier()
 
