@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,9 +40,9 @@ def run_pipeline(out: Path) -> list[dict]:
         (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         started = time.perf_counter()
         for stage, spec in stages.items():
-            cmd = " ".join(spec["cmd"].split())
+            cmd = [sys.executable if part == "python" else part for part in shlex.split(spec["cmd"])]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, shell=True, cwd=work, capture_output=True, text=True)
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
             wall = time.perf_counter() - t0
             (out / f"stage_{stage}.log").write_text(proc.stdout + proc.stderr)
             rows.append({"stage": stage, "exit": proc.returncode, "wall_s": round(wall, 2),

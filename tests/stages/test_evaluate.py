@@ -152,7 +152,8 @@ def test_writes_exactly_the_declared_files(evaluated):
     for name in OUTPUT_FILES:
         if name.endswith(".png"):
             data = (out / name).read_bytes()
-            assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+            # with a Transformer text model the n-gram picture is a one-line notice saying why it is empty
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > (3000 if name == "text_ngrams.png" else 5000), name
 
 
 def test_metrics_json_keys_and_ranges(evaluated):
