@@ -118,7 +118,7 @@ def test_server_killed_mid_training_and_back_later_the_run_ends_complete(tmp_pat
     assert (ws / "models/classifier/model.safetensors").exists() and not (ws / ".trainlab").exists()
     client, run = the_run(server.uri)
     assert_complete(client, run)
-    info = json.loads((ws / "models/classifier/info.json").read_text())
+    info = {"run_id": json.loads((ws / "reports/classifier/run.json").read_text())["mlflow_run_id"]}
     assert info["run_id"] == run.info.run_id
 
 

@@ -125,7 +125,7 @@ def test_four_processes_logging_at_once_to_the_default_sqlite_store_lose_nothing
     final_keys = {"test_loss", "test_accuracy", "test_macro_f1", "params_total", "params_trainable", "epochs",
                   "train_time_s", "stage_time_s", "samples_per_s"}
     for i, (_, _, params) in enumerate(runs):
-        info = json.loads((root / f"models/classifier_{i}/info.json").read_text())
+        info = {"run_id": json.loads((root / f"reports/classifier_{i}/run.json").read_text())["mlflow_run_id"]}
         run = by_id[info["run_id"]]
         assert set(run.data.params) == expected_params(params), i
         assert run.data.params["base.seed"] == str(10 + i)
@@ -149,5 +149,5 @@ def test_unreachable_server_with_fallback_to_local_logs_to_the_local_store(track
     assert warnings[0].startswith("warning: MLflow server http://alice:***@127.0.0.1:")
     assert f"logging to sqlite:///{root.resolve()}/mlflow.db instead" in warnings[0]
     assert URL_PASSWORD not in output
-    info = json.loads((root / f"models/classifier_{FALLBACK_INDEX}/info.json").read_text())
+    info = {"run_id": json.loads((root / f"reports/classifier_{FALLBACK_INDEX}/run.json").read_text())["mlflow_run_id"]}
     assert info["run_id"]  # tracked: the run is one of the four counted in the local store

@@ -85,8 +85,7 @@ def test_one_mlflow_run_for_two_processes(runs):
     run = found[0]
     assert run.info.status == "FINISHED" and run.data.tags["stage"] == "train_text"
     assert run.data.params["world_size"] == "2" and run.data.params["base.distributed.nproc_per_node"] == "2"
-    info = json.loads((root / "models/text/info.json").read_text())
-    assert info["run_id"] == run.info.run_id
+    assert json.loads((root / "reports/text/run.json").read_text())["mlflow_run_id"] == run.info.run_id
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
     versions = client.search_model_versions("name='trainlab-text'")
     assert [v.run_id for v in versions] == [run.info.run_id]

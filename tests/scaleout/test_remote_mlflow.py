@@ -24,7 +24,7 @@ def test_training_stage_logs_to_a_remote_tracking_server(mlflow_server, prepared
     # the stage's folder holds its outputs and nothing of MLflow's: everything went over HTTP
     written = files_under(tmp_path)
     assert not [f for f in written if f.startswith(("mlflow.db", "mlartifacts/", "mlruns/"))], written
-    info = json.loads((tmp_path / "models/classifier/info.json").read_text())
+    info = {"run_id": json.loads((tmp_path / "reports/classifier/run.json").read_text())["mlflow_run_id"]}
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_server.uri)
     experiment = client.get_experiment_by_name("trainlab")
