@@ -140,7 +140,7 @@ class CpuClock:
 # --- machine and settings ----------------------------------------------------------------------------------------
 
 def device_name(device) -> str:
-    from trainlab.profiling.stage import device_name as name
+    from trainlab.jobs.profile import device_name as name
 
     return name(device)
 
@@ -166,8 +166,8 @@ def environment(device) -> dict[str, Any]:
 def engine_runtime(device: str = "auto", compile: bool = False):
     """The engine's best settings for the device: precision auto (bf16 where the hardware has it), channels_last,
     non-deterministic kernels allowed (cudnn.benchmark on CUDA), torch.compile only when asked."""
-    from trainlab.config import BaseParams
-    from trainlab.runtime import resolve_runtime
+    from trainlab.core.config import BaseParams
+    from trainlab.core.runtime import resolve_runtime
 
     return resolve_runtime(BaseParams(device=device, precision="auto", channels_last=True, deterministic=False,
                                       compile=compile))
@@ -232,7 +232,7 @@ def task_data(name: str) -> TaskData:
     """The embedded default data of `name`, split exactly as `python -m stages.prepare` splits it (base.seed 42)."""
     import torch
 
-    from trainlab.config import DataParams
+    from trainlab.core.config import DataParams
     from trainlab.data import sources
 
     data = DataParams()

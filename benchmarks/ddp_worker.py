@@ -22,9 +22,9 @@ def main() -> None:
 
     from benchmarks.common import engine_runtime, quiet_stderr, task_data
     from benchmarks.training_speed import SCALES, build
-    from trainlab import distributed
-    from trainlab.config import DistributedParams
-    from trainlab.engine import fit
+    from trainlab.core import distributed
+    from trainlab.core.config import DistributedParams
+    from trainlab.engine.loop import fit
 
     runtime = engine_runtime("cpu")
     ctx = distributed.setup(DistributedParams(backend="gloo"), "cpu")

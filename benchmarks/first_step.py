@@ -25,7 +25,7 @@ HEAVY = ("torch", "torchvision", "torchmetrics", "numpy", "pandas", "mlflow", "p
          "matplotlib", "lightning", "safetensors", "pydantic", "yaml", "PIL", "scipy", "torch._dynamo",
          "torchmetrics", "alembic", "sqlalchemy")
 # Modules after whose import torch is loaded, so the step hooks can be installed.
-HOOK_AFTER = ("trainlab.engine.loop", "trainlab.training")
+HOOK_AFTER = ("trainlab.engine.loop", "trainlab.jobs.train")
 
 marks: dict[str, float] = {"process_start": STARTED}
 _state = {"hooked": False}

@@ -58,11 +58,10 @@ def run_pipeline(out: Path) -> list[dict]:
 
 
 def training_seconds(work: Path, stage: str, output: str) -> float | None:
-    """A training stage's training time: its timing file where it writes one, else its closing line."""
-    task = stage.removeprefix("train_")
-    for candidate in (work / "reports" / task / "timing.json", work / ".trainlab" / "timing" / f"{task}.json"):
-        if candidate.exists():
-            return json.loads(candidate.read_text()).get("train_time_s")
+    """A training stage's training time: from its reports/<task>/run.json, else its closing line."""
+    record = work / "reports" / stage.removeprefix("train_") / "run.json"
+    if record.exists():
+        return json.loads(record.read_text()).get("timing", {}).get("train_time_s")
     match = re.search(r"train(?:ing)? time ([\d.]+) s", output)
     return float(match.group(1)) if match else None
 

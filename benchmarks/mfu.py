@@ -39,15 +39,15 @@ OP_CATEGORIES = (
 
 def params():
     """params.yaml as the pipeline reads it: the engine is measured with the training recipe it really runs."""
-    from trainlab.config import load_params
+    from trainlab.core.config import load_params
 
     return load_params(REPO / "params.yaml")
 
 
 def model_batch(name: str, batch_size: int, device) -> tuple[Any, dict]:
     """The pipeline's Task for `name` (params.yaml) and one training batch of real data on the device."""
-    from trainlab.repro import seed_everything
-    from trainlab.training import build_task
+    from trainlab.core.repro import seed_everything
+    from trainlab.jobs.train import build_task
 
     data = task_data(name)
     p = params()
@@ -59,7 +59,7 @@ def model_batch(name: str, batch_size: int, device) -> tuple[Any, dict]:
 
 def best_peak_size(device, precision: str, quick: bool) -> tuple[int, dict[int, float]]:
     """The square matmul size with the highest FLOP/s (trainlab.profiling.matmul_peak_flops, one size at a time)."""
-    from trainlab.profiling import matmul_peak_flops
+    from trainlab.profiling.peaks import matmul_peak_flops
 
     sizes = PEAK_SIZES["gpu" if device.type == "cuda" else "cpu"]
     if quick:
@@ -75,7 +75,7 @@ def best_peak_size(device, precision: str, quick: bool) -> tuple[int, dict[int, 
 
 def steps_for(step, device, target_s: float) -> int:
     """How many calls of `step` take about `target_s` (from two warm calls)."""
-    from trainlab.profiling import time_step
+    from trainlab.profiling.throughput import time_step
 
     timing = time_step(step, device, steps=1, warmup=2, repeats=1)
     return max(1, min(200, round(target_s / max(timing.per_step[0], 1e-6))))
@@ -129,9 +129,11 @@ def make_bare_step(task, runtime, batch: dict, cfg, seed: int, graph: bool):
 def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS, compile: bool = False,
         out_dir: Path | None = None) -> PartResult:
     """Alternate the matmul peak and each model's engine training step; MFU per round, medians over rounds."""
-    from trainlab.profiling import flops_per_step, make_steps, matmul_peak_flops, time_step
+    from trainlab.profiling.flops import flops_per_step
+    from trainlab.profiling.peaks import matmul_peak_flops
+    from trainlab.profiling.throughput import make_steps, time_step
     from trainlab.profiling.traces import trace_step
-    from trainlab.training import settle_auto_precision
+    from trainlab.jobs.train import settle_auto_precision
 
     t0 = time.perf_counter()
     runtime = engine_runtime(device, compile)
@@ -256,7 +258,7 @@ def markdown(results: dict[str, Any]) -> str:
               "timed alternately with the steps: the median of as many single matmuls as fill a step timing; 'best "
               "peak seen' is the highest of all peak measurements, sweep included. FLOPs: trainlab.profiling.flops_per_step (matmuls, "
               "convolutions, attention; forward + backward, the optimizer's elementwise update not counted). The "
-              "step is the engine's (trainlab.profiling.make_steps: trainlab.engine.step.TrainStep, a CUDA graph where "
+              "step is the engine's (trainlab.profiling.throughput.make_steps: trainlab.engine.step.TrainStep, a CUDA graph where "
               "base.cuda_graphs allows) with params.yaml's recipe (augmentation, grad clipping, label smoothing) and "
               "precision auto as the training stage settles it. `[bare eager]` and `[bare graph]`: the same recipe "
               "written by hand (benchmarks/bare.py), eager or captured as one CUDA graph (CUDA only). "

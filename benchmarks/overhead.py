@@ -17,6 +17,7 @@ import yaml
 from benchmarks.common import REPO, PartResult, Skip, alternate, fmt, log, table
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
+from tests.tiny import TINY_PARAMS
 
 BIN = Path(sys.executable).parent
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
@@ -24,19 +25,6 @@ GIT_IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost
 COMMAND_TIMEOUT_S = 1200
 FULL_WORK_RUNS = 1  # flow runs of the whole tiny pipeline with every stage running
 
-# The real pipeline on the embedded default data with tiny models and a couple of optimizer steps: every stage
-# runs, in about a minute on a 2-core CPU.
-TINY_PARAMS = {
-    "base": {"num_workers": 0},
-    # width 8, not 4: a 4-wide classifier's channels_last backward hangs or crashes in oneDNN on AVX2-only CPUs
-    # (torch 2.14.1, seen on this project's 2-core machine)
-    "classifier": {"width": 8, "epochs": 1, "max_steps": 2, "batch_size": 4, "warmup_epochs": 0},
-    "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 2, "warmup_epochs": 0},
-    "text": {"d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
-             "batch_size": 4, "warmup_epochs": 0, "baseline_max_features": 50},
-    "evaluate": {"batch_size": 64, "n_examples": 1},
-    "profile": {"batch_size": 2, "warmup_steps": 0, "steps": 1, "repeats": 1, "compile": False},
-}
 # --quick runs the pipeline only up to this stage (prepare + train_classifier), the full run every stage.
 QUICK_TARGET = "train_classifier"
 # The cold start runs the default classifier (params.yaml) for one optimizer step.
@@ -214,19 +202,19 @@ def run(quick: bool, repeats: int, keep: bool = False) -> PartResult:
 
 
 def default_pipeline_seconds() -> dict[str, Any] | None:
-    """The default pipeline's duration from the last real `dvc repro` in this repo (reports/*/timing.json), if any."""
+    """The default pipeline's training time from the last real `dvc repro` in this repo (the git-ignored
+    reports/<task>/run.json of each training stage), if every one has it."""
+    from trainlab import tasks
+
     found = {}
-    for name in ("classifier", "segmenter", "text"):
-        path = REPO / "reports" / name / "timing.json"
-        if path.is_file():
-            try:
-                found[name] = float(json.loads(path.read_text())["stage_time_s"])
-            except (ValueError, KeyError, OSError):
-                pass
-    if len(found) < 3:
-        return None
+    for name in tasks.names():
+        path = REPO / "reports" / name / "run.json"
+        try:
+            found[name] = float(json.loads(path.read_text())["timing"]["stage_time_s"])
+        except (ValueError, KeyError, TypeError, OSError):
+            return None
     return {"training_stages_s": found, "sum_s": sum(found.values()),
-            "source": "reports/{classifier,segmenter,text}/timing.json (stage_time_s of the last default run)"}
+            "source": "reports/<task>/run.json (timing.stage_time_s of the last default run)"}
 
 
 def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +276,7 @@ def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
         default = data.get("default_pipeline_s")
         rows.append(["Prefect overhead as a share of the default pipeline",
                      f"{fmt(share, 'pct')} (of {fmt(default['sum_s'], 's')} training stages + overhead)" if share
-                     is not None else "– (needs reports/*/timing.json from a default `dvc repro`)", "", "≤ 10%"])
+                     is not None else "– (needs reports/<task>/run.json from a default `dvc repro`)", "", "≤ 10%"])
     lines += [table(["what", "median", "spread", "target"], rows), ""]
     lines.append(f"In a private copy of the repository (git + DVC, tiny params, embedded data; set up in "
                  f"{fmt(data.get('setup_s'), 's')}, first real `dvc repro` {fmt(data.get('first_repro_s'), 's')}). "

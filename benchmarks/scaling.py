@@ -26,7 +26,7 @@ def batch_size_sweep(quick: bool, repeats: int, device: str) -> dict[str, Any]:
     batch size, with the training comparison's recipe."""
     from benchmarks.mfu import model_batch, params, steps_for
     from benchmarks.training_speed import SCALES
-    from trainlab.profiling import make_steps, time_step
+    from trainlab.profiling.throughput import make_steps, time_step
 
     runtime = engine_runtime(device)
     fp32 = dataclasses.replace(runtime, precision="fp32", channels_last=False)
@@ -122,7 +122,7 @@ def markdown(data: dict[str, Any]) -> str:
     rows = [[bs, fmt(r["engine_samples_per_s"]), fmt(r["fp32_samples_per_s"]), fmt(r["ratio"], "x"),
              f"{fmt(r['engine_spread'], 'pct')} / {fmt(r['fp32_spread'], 'pct')}"]
             for bs, r in sweep["by_batch_size"].items()]
-    lines = ["## Scaling", "", "Classifier training step (trainlab.profiling.make_steps, the comparison's recipe) by batch size:",
+    lines = ["## Scaling", "", "Classifier training step (trainlab.profiling.throughput.make_steps, the comparison's recipe) by batch size:",
              "",
              table(["batch", f"engine ({precision}, channels_last) samples/s", "fp32, NCHW samples/s",
                     "ratio", "spread (engine / fp32)"], rows), ""]

@@ -32,7 +32,7 @@ CONTENDERS: dict[str, dict[str, Any]] = {
 
 
 def params_for(root: Path, overrides: dict[str, Any]):
-    from trainlab.config import load_params
+    from trainlab.core.config import load_params
 
     return load_params(REPO / "params.yaml", {
         "tracking.enabled": False, "base.device": "cpu", "data.segmentation.source": "paired_folders",
@@ -42,10 +42,10 @@ def params_for(root: Path, overrides: dict[str, Any]):
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the segmenter of `params` on the prepared folder; test per-class IoU/Dice and the training time."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine import evaluate, fit, scalars
-    from trainlab.repro import seed_everything
-    from trainlab.runtime import resolve_runtime
-    from trainlab.training import build_task
+    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.core.repro import seed_everything
+    from trainlab.core.runtime import resolve_runtime
+    from trainlab.jobs.train import build_task
 
     meta = load_meta(folder)
     splits = {s: load_split(folder, s) for s in ("train", "val", "test")}
@@ -61,7 +61,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
 
 
 def measure(images: int, size: int, contenders: dict[str, dict[str, Any]], seed: int = 42) -> dict[str, Any]:
-    from trainlab.data.prepare import prepare_segmentation
+    from trainlab.jobs.prepare import prepare_segmentation
     from trainlab.data.thin_structures import write_paired_folders
 
     out: dict[str, Any] = {"images": images, "size": size, "contenders": {}}

@@ -45,14 +45,14 @@ def corpus_missing(corpus: str) -> str | None:
 
 
 def load_base_params(overrides: dict[str, Any]):
-    from trainlab.config import load_params
+    from trainlab.core.config import load_params
 
     return load_params(REPO / "params.yaml", {"tracking.enabled": False, "base.device": "cpu", **overrides})
 
 
 def prepare(corpus: str, folder: Path, params) -> dict[str, Any]:
     """The corpus prepared like the pipeline's text data (tokenizer from data.text) into `folder`."""
-    from trainlab.data.prepare import prepare_text
+    from trainlab.jobs.prepare import prepare_text
 
     return prepare_text(params, folder, log=lambda line: None)
 
@@ -60,10 +60,10 @@ def prepare(corpus: str, folder: Path, params) -> dict[str, Any]:
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the text model of `params` on the prepared folder (no checkpoint, no tracking); test metrics and time."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine import evaluate, fit, scalars
-    from trainlab.repro import seed_everything
-    from trainlab.runtime import resolve_runtime
-    from trainlab.training import build_task
+    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.core.repro import seed_everything
+    from trainlab.core.runtime import resolve_runtime
+    from trainlab.jobs.train import build_task
 
     meta = load_meta(folder)
     splits = {s: load_split(folder, s) for s in ("train", "val", "test")}
@@ -81,7 +81,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
 
 
 def baseline(params, folder: Path, num_classes: int) -> dict[str, Any]:
-    from trainlab.baseline import tfidf_baseline
+    from trainlab.tasks.text_baseline import tfidf_baseline
 
     t0 = time.perf_counter()
     result = tfidf_baseline(folder, params.text.baseline_max_features, params.text.baseline_C, params.base.seed,

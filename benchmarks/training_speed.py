@@ -50,7 +50,7 @@ class ModelSetup:
     def train_params(self):
         """The recipe every contender follows: AdamW with the engine's betas and a per-step cosine LR decay (no
         warm-up), no augmentation, no label smoothing, no clipping. Only the speed settings differ."""
-        from trainlab.config import ClassifierParams, SegmenterParams, TextParams
+        from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams
 
         common = {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
                   "weight_decay": self.weight_decay, "augment": False, "label_smoothing": 0.0, "grad_clip": None,
@@ -87,9 +87,9 @@ SCALES: dict[str, dict[str, ModelSetup]] = {
 
 def build(setup: ModelSetup, data: TaskData, seed: int, cfg=None):
     """The pipeline's own Task for the model (same init for every contender given the same seed)."""
-    from trainlab.config import Params
-    from trainlab.repro import seed_everything
-    from trainlab.training import build_task
+    from trainlab.core.config import Params
+    from trainlab.core.repro import seed_everything
+    from trainlab.jobs.train import build_task
 
     cfg = cfg or setup.train_params()
     seed_everything(seed)
@@ -98,7 +98,7 @@ def build(setup: ModelSetup, data: TaskData, seed: int, cfg=None):
 
 def test_quality(task, model, data: TaskData, device) -> dict[str, float]:
     """The task's test metrics of `model`, evaluated the same way for every contender: fp32, eval mode."""
-    from trainlab.engine import evaluate, scalars
+    from trainlab.engine.loop import evaluate, scalars
 
     return scalars(evaluate(task, model, data.test, fp32_runtime(device), batch_size=256))
 
@@ -114,7 +114,7 @@ def engine_order_sampler(n: int, seed: int):
     costs what shuffle=True's RandomSampler costs."""
     import torch
 
-    from trainlab.repro import generator
+    from trainlab.core.repro import generator
 
     class EngineOrder(torch.utils.data.Sampler):
         def __init__(self):
@@ -151,7 +151,7 @@ def cosine_schedule(optimizer, cfg, steps_per_epoch: int):
 # --- contenders ------------------------------------------------------------------------------------------------------
 
 def engine_contender(setup: ModelSetup, data: TaskData, runtime):
-    from trainlab.engine import fit
+    from trainlab.engine.loop import fit
 
     def run(repeat: int, warm: bool) -> dict[str, Any]:
         seed = SEED + max(repeat, 0)
@@ -290,7 +290,7 @@ def bare_contender(setup: ModelSetup, data: TaskData, runtime, graph: bool):
 
     from benchmarks.bare import bare_step
     from trainlab.engine.optim import warmup_cosine
-    from trainlab.repro import generator
+    from trainlab.core.repro import generator
 
     def run(repeat: int, warm: bool) -> dict[str, Any]:
         if graph and runtime.device.type != "cuda":
@@ -339,7 +339,7 @@ def primary_metric(name: str) -> str:
 
 def compare_model(setup: ModelSetup, repeats: int, device: str, compile: bool = False) -> dict[str, Any]:
     """Engine, plain (and Lightning) alternating on one model; medians, spreads and engine/other ratios."""
-    from trainlab.profiling import flops_per_step
+    from trainlab.profiling.flops import flops_per_step
 
     data = task_data(setup.name).subset(setup.train_samples, setup.test_samples)
     runtime = engine_runtime(device, compile)

@@ -12,12 +12,11 @@ from typing import Any
 from pipelines.dag import find_root
 from pipelines.overrides import validated_params
 from pipelines.runs import child_runs, tracking_uri
-from trainlab.cli import run_cli
-from trainlab.errors import UserError
-from trainlab.tracking import mlflow_client
+from trainlab.core.cli import command_parser, run_cli
+from trainlab import tasks
+from trainlab.core.errors import UserError
+from trainlab.tracking.uri import mlflow_client
 
-# The metric each model is judged on (higher is better): the task's primary metric on the test split.
-PRIMARY_METRICS = {"classifier": "test_accuracy", "segmenter": "test_mean_iou", "text": "test_accuracy"}
 CHAMPION = "champion"
 METRIC_PREFIXES = ("test_", "baseline_")
 
@@ -31,7 +30,12 @@ def model_name(task: str) -> str:
 
 
 def stage_name(task: str) -> str:
-    return f"train_{task}"
+    return tasks.get(task).stage
+
+
+def primary_metric(task: str) -> str:
+    """The metric a model is judged on (higher is better): its task's primary metric on the test split."""
+    return f"test_{tasks.get(task).primary_metric}"
 
 
 @dataclass
@@ -98,7 +102,7 @@ def collect_runs(client: Any, experiment: str, task: str, limit: int = 20) -> li
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise CompareError(f"no MLflow experiment named {experiment!r} (tracking.experiment in params.yaml)")
-    metric = PRIMARY_METRICS[task]
+    metric = primary_metric(task)
     runs = client.search_runs([found.experiment_id], max_results=max(limit, 1) * 5,
                               filter_string=f"tags.stage = '{stage_name(task)}' and attributes.status = 'FINISHED'",
                               order_by=[f"metrics.{metric} DESC", "attributes.start_time DESC"])
@@ -120,7 +124,7 @@ def differing_params(rows: list[RunRow]) -> list[str]:
 
 def metric_columns(rows: list[RunRow], task: str) -> list[str]:
     """`test_*` and `baseline_*` metrics, the primary one first."""
-    primary = PRIMARY_METRICS[task]
+    primary = primary_metric(task)
     keys = sorted({k for row in rows for k in row.metrics if k.startswith(METRIC_PREFIXES)} - {primary})
     return [primary] + keys
 
@@ -143,7 +147,7 @@ def format_table(rows: list[RunRow], task: str, markdown: bool = False) -> str:
     """The comparison as aligned text, or as a markdown table for a PR comment."""
     header, cells = table_rows(rows, task)
     if markdown:
-        title = f"**{model_name(task)}**: {len(rows)} run(s), sorted by `{PRIMARY_METRICS[task]}`"
+        title = f"**{model_name(task)}**: {len(rows)} run(s), sorted by `{primary_metric(task)}`"
         lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         return "\n".join(lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells])
     widths = [max(len(x) for x in col) for col in zip(header, *cells)]
@@ -172,7 +176,7 @@ def promote(client: Any, task: str, candidates: Iterable[str] | None = None) -> 
     `candidates` are version numbers (default: every version). Ties keep the champion. With no champion yet,
     the best candidate becomes champion.
     """
-    name, metric = model_name(task), PRIMARY_METRICS[task]
+    name, metric = model_name(task), primary_metric(task)
     wanted = None if candidates is None else {str(c) for c in candidates}
     scored = [(value, int(v.version), v) for v in client.search_model_versions(f"name = '{name}'")
               if (wanted is None or str(v.version) in wanted)
@@ -212,7 +216,7 @@ def new_versions(client: Any, task: str, run_ids: Iterable[str]) -> list[str]:
 
 
 def promote_new_models(root: str | os.PathLike, parent_run_id: str | None,
-                       tasks: Iterable[str] = tuple(PRIMARY_METRICS)) -> list[Decision]:
+                       models: Iterable[str] | None = None) -> list[Decision]:
     """After a pipeline run: for each model, promote a version trained in that run if it beats the champion.
 
     A model with no champion yet considers all its versions (the first champion is the best there is).
@@ -220,7 +224,7 @@ def promote_new_models(root: str | os.PathLike, parent_run_id: str | None,
     client, uri, _ = client_for(root)
     runs = child_runs(uri, parent_run_id)
     decisions = []
-    for task in tasks:
+    for task in models or tasks.names():
         fresh = new_versions(client, task, [runs[s] for s in runs if s == stage_name(task)])
         if champion_version(client, task) is None:
             decisions.append(promote(client, task))
@@ -228,13 +232,13 @@ def promote_new_models(root: str | os.PathLike, parent_run_id: str | None,
             decisions.append(promote(client, task, fresh))
         else:
             decisions.append(Decision(model_name(task), False, f"{model_name(task)}: no new version in this run "
-                                      "(its stage was up to date); champion stays", metric=PRIMARY_METRICS[task]))
+                                      "(its stage was up to date); champion stays", metric=primary_metric(task)))
     return decisions
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.compare", description=__doc__)
-    parser.add_argument("model", choices=sorted(PRIMARY_METRICS), help="which model's runs to compare")
+    parser = command_parser(prog="python -m pipelines.compare", description=__doc__)
+    parser.add_argument("model", choices=sorted(tasks.names()), help="which model's runs to compare")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table (for a PR comment)")
     parser.add_argument("--promote", action="store_true",
                         help=f"move the `{CHAMPION}` alias to the best version if it beats the current champion")

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainlab.errors import UserError
+from trainlab.core.errors import UserError
 
 
 class DagError(UserError):

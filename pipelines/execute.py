@@ -15,7 +15,7 @@ import yaml
 
 from pipelines.dag import StageInfo
 from pipelines.dvc_cli import CommandResult, run_dvc, stage_changes
-from trainlab.errors import (
+from trainlab.core.errors import (
     CheckpointError,
     DataError,
     OutputNotWritten,
@@ -78,7 +78,7 @@ class TrackingDownStageError(StageFailed):
     def server_answers(self) -> bool:
         if not self.tracking_uri or not self.tracking_uri.lower().startswith(("http://", "https://")):
             return False
-        from trainlab.tracking import _probe_health
+        from trainlab.tracking.uri import _probe_health
 
         return _probe_health(self.tracking_uri, 5) is None
 

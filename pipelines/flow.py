@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ from pipelines import overrides as ov
 from pipelines.dag import StageInfo, find_root, read_stages, select
 from pipelines.dvc_cli import stage_env
 from pipelines.execute import StageOutcome, execute_stage, is_transient
-from pipelines.runs import child_runs, log_overrides, log_summary, parent_run, stage_run_env, tracking_uri
-from pipelines.workspace import check_experiment_name, experiment_workspace, new_experiment_name, save_experiment
-from trainlab.cli import run_cli
-from trainlab.repro import git_state
+from pipelines.experiment import experiment_run
+from pipelines.runs import child_runs, log_summary
+from pipelines.workspace import check_experiment_name, new_experiment_name, save_experiment
+from trainlab.core.cli import command_parser, run_cli
 
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = 10.0
@@ -126,7 +125,7 @@ def publish_summary(summary: Mapping[str, Any], tracker: Any) -> None:
 def _unless_mlflow_down(fn: Callable[..., Any], default: Any, *args: Any) -> Any:
     """`fn(*args)`, or `default` with one warning line when the MLflow server does not answer (the stages' outcome
     does not depend on it: their own calls are spooled and replayed)."""
-    from trainlab.tracking_queue import is_outage
+    from trainlab.tracking.queue import is_outage
 
     try:
         return fn(*args)
@@ -136,17 +135,6 @@ def _unless_mlflow_down(fn: Callable[..., Any], default: Any, *args: Any) -> Any
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         print(f"warning: MLflow server not answering; the flow's summary is not in MLflow ({first})")
         return default
-
-
-@contextlib.contextmanager
-def stage_workspace(root: Path, experiment: str | None, stages: list[StageInfo], overrides: Mapping[str, Any],
-                    log: Callable[[str], None]) -> Iterator[Path]:
-    """The main workspace, or for an experiment a private clone with the overrides applied."""
-    if experiment is None:
-        yield root
-        return
-    with experiment_workspace(root, experiment, stages, overrides, log=log) as workspace:
-        yield workspace
 
 
 @flow(name="trainlab-pipeline", log_prints=True)
@@ -164,21 +152,18 @@ def pipeline(overrides: dict[str, Any] | None = None, experiment_name: str | Non
     experiment = experiment_name or (new_experiment_name() if overrides else None)
     if experiment:
         check_experiment_name(repo, experiment)
-    uri = tracking_uri(repo, params)
     flow_run_name = _flow_run_name()  # the MLflow parent run is named after its Prefect flow run
     run_name = f"{experiment} pipeline {flow_run_name}" if experiment else f"pipeline {flow_run_name}"
-    tags = {**git_state(str(repo)), "dvc_experiment": experiment or "", "prefect_flow_run": flow_run_name}
-    with parent_run(params, repo, run_name, "pipeline", tags) as tracker:
-        log_overrides(tracker, overrides, experiment)
-        with stage_workspace(repo, experiment, stages, overrides, logger.info) as workspace:
-            outcomes, errors = run_stages(stages, workspace, stage_run_env(uri, tracker.run_id, experiment),
-                                          stage_task(retries, retry_delay_s))
-            ref = None if errors or not experiment else save_experiment_task(
-                str(repo), str(workspace), experiment, stages, partial=bool(targets))
+    with experiment_run(repo, params, overrides, experiment, stages, run_name, "pipeline", logger.info,
+                        {"prefect_flow_run": flow_run_name}) as run:
+        outcomes, errors = run_stages(stages, run.workspace, run.env, stage_task(retries, retry_delay_s))
+        ref = None if errors or not experiment else save_experiment_task(
+            str(repo), str(run.workspace), experiment, stages, partial=bool(targets))
         summary = build_summary(outcomes, root=repo, experiment=experiment, ref=ref, overrides=overrides,
-                                run_id=tracker.run_id, runs=_unless_mlflow_down(child_runs, {}, uri, tracker.run_id),
+                                run_id=run.tracker.run_id,
+                                runs=_unless_mlflow_down(child_runs, {}, run.uri, run.tracker.run_id),
                                 seconds=time.perf_counter() - started)
-        publish_summary(summary, tracker)
+        publish_summary(summary, run.tracker)
         if errors:
             raise errors[0]
     return summary
@@ -191,7 +176,7 @@ def _flow_run_name() -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.flow", description=__doc__)
+    parser = command_parser(prog="python -m pipelines.flow", description=__doc__)
     parser.add_argument("--override", "-S", action="append", default=[], metavar="KEY=VALUE",
                         help="change a param for this run (repeatable); the run becomes a DVC experiment")
     parser.add_argument("--name", help="DVC experiment name (default: exp-<time>-<id> when overriding)")

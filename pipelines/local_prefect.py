@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trainlab.errors import UserError
+from trainlab.core.errors import UserError
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 300.0  # the first start creates and migrates the server's SQLite DB: slow on a busy 2-core CPU

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from trainlab.config import Params, load_params
-from trainlab.errors import ParamsError
+from trainlab.core.config import Params, load_params
+from trainlab.core.errors import ParamsError
 
 PARAMS_FILE = "params.yaml"
 

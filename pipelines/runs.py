@@ -5,37 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from trainlab.config import Params
-from trainlab.tracking import (
-    DEFAULT_DB_NAME,
-    DVC_EXP_NAME_ENV,
-    PARENT_RUN_ENV,
-    NullTracker,
-    flatten_params,
-    mlflow_client,
-    start_run,
-)
+from trainlab.core.config import Params
+from trainlab.tracking.runs import DVC_EXP_NAME_ENV, PARENT_RUN_ENV, start_run
+from trainlab.tracking.tracker import NullTracker, flatten_params
+from trainlab.tracking.uri import mlflow_client, resolve_tracking_uri
 
 
 def tracking_uri(root: str | os.PathLike, params: Params) -> str | None:
     """Where the stages of `root` log: `tracking.uri`, else $MLFLOW_TRACKING_URI, else `<root>/mlflow.db`;
     relative SQLite paths are taken from `root` (so experiments in other folders log to the same store).
     None when tracking is off."""
-    if not params.tracking.enabled:
-        return None
-    uri = params.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-    if not uri:
-        return f"sqlite:///{(Path(root) / DEFAULT_DB_NAME).resolve()}"
-    if uri.startswith("sqlite:///"):
-        path, sep, query = uri[len("sqlite:///"):].partition("?")
-        if path and path != ":memory:" and not Path(path).is_absolute():
-            return f"sqlite:///{(Path(root) / path).resolve()}{sep}{query}"
-    elif "://" not in uri and uri.endswith((".db", ".sqlite", ".sqlite3")):
-        return f"sqlite:///{(Path(root) / uri).resolve()}"
-    return uri
+    return resolve_tracking_uri(params, root=root) if params.tracking.enabled else None
 
 
 def stage_run_env(uri: str | None, parent_run_id: str | None, experiment: str | None = None) -> dict[str, str]:

@@ -17,9 +17,9 @@ from pipelines.compare import promote_new_models
 from pipelines.dag import find_root
 from pipelines.flow import DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S, pipeline
 from pipelines.overrides import validated_params
-from trainlab.cli import run_cli
-from trainlab.config import ScheduleParams
-from trainlab.errors import ParamsError
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import ScheduleParams
+from trainlab.core.errors import ParamsError
 
 DEPLOYMENT_NAME = "trainlab-retrain"
 DEFAULT_POOL = "trainlab-process"
@@ -133,7 +133,7 @@ def deploy(root: Path, schedule: Any, pool: str, name: str = DEPLOYMENT_NAME) ->
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.serve", description=__doc__)
+    parser = command_parser(prog="python -m pipelines.serve", description=__doc__)
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--cron", help="cron expression (default: schedule.cron in params.yaml)")
     when.add_argument("--interval", type=float, help="run every this many seconds instead of on a cron")

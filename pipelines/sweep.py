@@ -20,6 +20,7 @@ from prefect.tasks import exponential_backoff
 from pipelines import overrides as ov
 from pipelines.dag import StageInfo, find_root, read_stages, select
 from pipelines.dvc_cli import run_dvc, stage_env
+from pipelines.experiment import experiment_run
 from pipelines.execute import (
     is_transient,
     parse_repro_log,
@@ -27,21 +28,17 @@ from pipelines.execute import (
     stage_failure,
 )
 from pipelines.runs import (
-    log_overrides,
     log_summary,
     parent_run,
-    stage_run_env,
-    tracking_uri,
 )
 from pipelines.workspace import (
     check_experiment_name,
-    experiment_workspace,
     new_experiment_name,
     save_experiment,
 )
-from trainlab.cli import run_cli
-from trainlab.errors import ParamsError
-from trainlab.repro import git_state
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.errors import ParamsError
+from trainlab.core.repro import git_state
 
 DEFAULT_CONCURRENCY = 2
 POINT_RETRIES = 1
@@ -61,24 +58,20 @@ def run_point(root: str, name: str, overrides: dict[str, Any], stages: list[Stag
     started = time.perf_counter()
     repo = Path(root)
     params = ov.validated_params(repo, overrides)
-    uri = tracking_uri(repo, params)
-    tags = {**git_state(root), "dvc_experiment": name}
-    with parent_run(params, repo, f"sweep point {name}", "experiment", tags, parent_run_id=sweep_run_id) as tracker:
-        log_overrides(tracker, overrides, name)
-        with experiment_workspace(repo, name, stages, overrides, log=logger.info) as workspace:
-            env = stage_env(stage_run_env(uri, tracker.run_id, name))
-            result = run_dvc(["repro", *(targets or [])], workspace, env, on_line=logger.info)
-            if result.returncode != 0:
-                raise stage_failure(_failed_stage(result.lines), result)
-            statuses = dict(parse_repro_log(result.lines))
-            selected = select(stages, targets)
-            metrics = {s.name: read_key_metrics(s, workspace) for s in selected}
-            ref = save_experiment(repo, workspace, name, selected, log=logger.info, partial=bool(targets))
-        point = {"name": name, "overrides": overrides, "experiment_ref": ref, "mlflow_run_id": tracker.run_id or None,
-                 "seconds": round(time.perf_counter() - started, 3),
+    with experiment_run(repo, params, overrides, name, stages, f"sweep point {name}", "experiment", logger.info,
+                        parent_run_id=sweep_run_id) as run:
+        result = run_dvc(["repro", *(targets or [])], run.workspace, stage_env(run.env), on_line=logger.info)
+        if result.returncode != 0:
+            raise stage_failure(_failed_stage(result.lines), result)
+        statuses = dict(parse_repro_log(result.lines))
+        selected = select(stages, targets)
+        metrics = {s.name: read_key_metrics(s, run.workspace) for s in selected}
+        ref = save_experiment(repo, run.workspace, name, selected, log=logger.info, partial=bool(targets))
+        point = {"name": name, "overrides": overrides, "experiment_ref": ref,
+                 "mlflow_run_id": run.tracker.run_id or None, "seconds": round(time.perf_counter() - started, 3),
                  "stages": [{"stage": s.name, "status": statuses.get(s.name, "skipped"), "seconds": 0.0,
                              "metrics": metrics[s.name]} for s in selected]}
-        log_summary(tracker, point)
+        log_summary(run.tracker, point)
     return point
 
 
@@ -217,7 +210,7 @@ def sweep_table(summary: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.sweep", description=__doc__)
+    parser = command_parser(prog="python -m pipelines.sweep", description=__doc__)
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", required=True,
                         help="values of one param (repeatable; the sweep runs every combination)")
     parser.add_argument("--concurrency", "-j", type=int, default=DEFAULT_CONCURRENCY,

@@ -23,7 +23,7 @@ from typing import Any
 
 from pipelines.dag import StageInfo
 from pipelines.dvc_cli import cache_dir, run_dvc, stage_env
-from trainlab.errors import UserError
+from trainlab.core.errors import UserError
 
 PARAMS_FILE = "params.yaml"
 EXPS_NAMESPACE = "refs/exps"

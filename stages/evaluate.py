@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.cli import run_cli
-from trainlab.config import DEFAULT_PARAMS, load_params
-from trainlab.stage_cli import probe_tracking
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import DEFAULT_PARAMS, load_params
+from trainlab.tracking.uri import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m stages.evaluate", description=__doc__)
+    parser = command_parser(prog="python -m stages.evaluate", description=__doc__)
     parser.add_argument("data_dir", type=Path, help="prepared data (classification/, segmentation/, text/)")
     parser.add_argument("models_dir", type=Path, help="trained models (classifier/, segmenter/, text/)")
     parser.add_argument("out_dir", type=Path, help="reports folder, replaced whole on success")
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     params = load_params(args.params)  # bad params fail here, before torch is imported
     probe_tracking(params)  # an unreachable server too (or its local fallback)
-    from trainlab.evaluation import describe, run_evaluation
+    from trainlab.jobs.evaluate import describe, run_evaluation
 
     metrics = run_evaluation(params, args.data_dir, args.models_dir, args.out_dir)
     print(describe(metrics))

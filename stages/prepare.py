@@ -7,14 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainlab.atomic import atomic_dir, write_json
-from trainlab.cli import run_cli
-from trainlab.config import DEFAULT_PARAMS, Params, load_params
-from trainlab.stage_cli import probe_tracking
+from trainlab.core.atomic import atomic_dir, write_json
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import DEFAULT_PARAMS, Params, load_params
+from trainlab.tracking.uri import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m stages.prepare", description=__doc__)
+    parser = command_parser(prog="python -m stages.prepare", description=__doc__)
     parser.add_argument("out_dir", type=Path, help="folder for the prepared datasets (replaced whole on success)")
     parser.add_argument("stats_file", type=Path, help="dataset statistics, a DVC metrics file (JSON)")
     parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
@@ -36,9 +36,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     params = load_params(args.params)  # bad params fail here, before torch is imported
     probe_tracking(params)  # an unreachable server too (or its local fallback)
-    from trainlab.data.prepare import prepare_all
-    from trainlab.data.stats import flatten_numeric
-    from trainlab.tracking import start_run
+    from trainlab.jobs.prepare import prepare_all
+    from trainlab.core.flatten import numbers
+    from trainlab.tracking.runs import start_run
 
     started = time.perf_counter()
     with start_run(params, stage="prepare") as tracker:
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             stats = prepare_all(params, staging, allow_download=args.download, log=log)
         write_json(args.stats_file, stats)
         seconds = time.perf_counter() - started
-        tracker.log_metrics({**flatten_numeric(stats), "prepare_seconds": round(seconds, 3)})
+        tracker.log_metrics({**numbers(stats, safe_keys=True), "prepare_seconds": round(seconds, 3)})
         tracker.log_dict(stats, "data_stats.json")
     log(f"wrote {args.out_dir} and {args.stats_file} in {seconds:.1f} s")
     return stats

@@ -5,26 +5,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.cli import run_cli
-from trainlab.config import DEFAULT_PARAMS, load_params
-from trainlab.stage_cli import probe_tracking
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import DEFAULT_PARAMS, load_params
+from trainlab.tracking.uri import probe_tracking
+from trainlab.tasks import names
 
-TASKS = ("classifier", "segmenter", "text")  # trainlab.profiling.stage.TASKS, named here to keep torch unloaded
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m stages.profile", description=__doc__)
+    parser = command_parser(prog="python -m stages.profile", description=__doc__)
     parser.add_argument("data_dir", type=Path, help="prepared data root (classification/, segmentation/, text/)")
     parser.add_argument("models_dir", type=Path, help="trained models root (classifier/, segmenter/, text/)")
     parser.add_argument("out_dir", type=Path, help="where the profile is written (replaced whole on success)")
     parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
-    parser.add_argument("--tasks", default=",".join(TASKS),
-                        help=f"comma-separated models to profile (default: {','.join(TASKS)})")
+    parser.add_argument("--tasks", default=",".join(names()),
+                        help=f"comma-separated models to profile (default: {','.join(names())})")
     args = parser.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = sorted(set(args.tasks) - set(TASKS))
+    unknown = sorted(set(args.tasks) - set(names()))
     if unknown or not args.tasks:
-        parser.error(f"--tasks: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+        parser.error(f"--tasks: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(names())}")
     return args
 
 
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     params = load_params(args.params)  # bad params fail here, before torch is imported
     probe_tracking(params)  # an unreachable server too (or its local fallback)
-    from trainlab.profiling.stage import profile_models
+    from trainlab.jobs.profile import profile_models
 
     profile_models(params, args.data_dir, args.models_dir, args.out_dir, tasks=args.tasks)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.cli import run_cli
-from trainlab.config import DEFAULT_PARAMS, load_params
-from trainlab.stage_cli import probe_tracking
+from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import DEFAULT_PARAMS, load_params
+from trainlab.tracking.uri import probe_tracking
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m stages.text_baseline", description=__doc__)
+    parser = command_parser(prog="python -m stages.text_baseline", description=__doc__)
     parser.add_argument("data_dir", type=Path, help="prepared text data (train.jsonl, test.jsonl, meta.json)")
     parser.add_argument("out_dir", type=Path, help="where baseline.json is written (replaced whole on success)")
     parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
@@ -22,8 +22,8 @@ def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     params = load_params(args.params)
     probe_tracking(params)  # an unreachable server fails now (or its local fallback is taken)
-    from trainlab.baseline import write_baseline
-    from trainlab.tracking import start_run
+    from trainlab.tasks.text_baseline import write_baseline
+    from trainlab.tracking.runs import start_run
 
     with start_run(params, stage="text_baseline") as tracker:
         tracker.log_params({"text": {k: v for k, v in params.text.model_dump().items() if k.startswith("baseline_")},

@@ -1,7 +1,7 @@
 """DVC stage train_classifier: train the image classifier on the prepared data."""
 
-from trainlab.cli import run_cli
-from trainlab.stage_cli import train_stage_main
+from trainlab.core.cli import run_cli
+from trainlab.jobs.train_command import train_stage_main
 
 
 def main(argv: list[str]) -> None:

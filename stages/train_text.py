@@ -1,11 +1,19 @@
 """DVC stage train_text: train the text classifier on the prepared data; its metrics carry the TF-IDF baseline's."""
 
-from trainlab.cli import run_cli
-from trainlab.stage_cli import train_stage_main
+import argparse
+from pathlib import Path
+
+from trainlab.core.cli import run_cli
+from trainlab.jobs.train_command import train_stage_main
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="the text_baseline stage's baseline.json (default: fit the TF-IDF baseline here)")
 
 
 def main(argv: list[str]) -> None:
-    train_stage_main("text", argv)
+    train_stage_main("text", argv, add_arguments)
 
 
 if __name__ == "__main__":

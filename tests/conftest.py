@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def repo_params():
-    from trainlab.config import load_params
+    from trainlab.core.config import load_params
 
     return load_params(REPO / "params.yaml")
 

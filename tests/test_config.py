@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.config import Params, load_params
-from trainlab.errors import ParamsError
+from trainlab.core.config import Params, load_params
+from trainlab.core.errors import ParamsError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def test_section_hash_changes_only_with_its_section(repo_params):
 def test_a_stage_exits_2_with_a_clear_message_and_writes_nothing(tmp_path):
     """The CLI path: a bad params file gives one error line naming the key, exit 2, no traceback, no output."""
     bad = write(tmp_path, "classifier:\n  lrr: 0.1\n")
-    code = ("import sys; from trainlab.cli import run_cli; from trainlab.config import load_params; "
+    code = ("import sys; from trainlab.core.cli import run_cli; from trainlab.core.config import load_params; "
             f"run_cli(lambda argv: load_params({str(bad)!r}), [])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2

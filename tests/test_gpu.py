@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from tests.engine.test_loop import CFG, assert_bitwise_equal, make_task, tiny_data, weights
-from trainlab.config import BaseParams, SegmenterParams, TextParams
-from trainlab.engine import evaluate, fit, scalars
-from trainlab.models import build_segmenter, build_text_model
-from trainlab.repro import seed_everything
-from trainlab.runtime import resolve_runtime
-from trainlab.tasks import segmentation_task
+from trainlab.core.config import BaseParams, SegmenterParams, TextParams
+from trainlab.engine.loop import evaluate, fit, scalars
+from trainlab.models.segmenter import build_segmenter
+from trainlab.models.text import build_text_model
+from trainlab.core.repro import seed_everything
+from trainlab.core.runtime import resolve_runtime
+from trainlab.tasks.segmenter import segmentation_task
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")]
@@ -56,7 +57,7 @@ def test_same_seed_gives_bitwise_equal_weights_on_cuda(precision):
 
 
 def test_stop_and_resume_on_cuda_is_bitwise_equal(tmp_path):
-    from trainlab.engine import TrainingInterrupted
+    from trainlab.engine.loop import TrainingInterrupted
 
     rt = cuda_runtime(deterministic=True)
     cfg = CFG.model_copy(update={"ema_decay": 0.9})
@@ -127,7 +128,7 @@ def test_graphed_training_learns_and_is_bitwise_reproducible():
 
 @pytest.mark.parametrize("stop_at", [4, 10])  # mid-epoch, at an epoch boundary
 def test_graphed_stop_and_resume_is_bitwise_equal(tmp_path, stop_at):
-    from trainlab.engine import TrainingInterrupted
+    from trainlab.engine.loop import TrainingInterrupted
 
     cfg = CFG.model_copy(update={"ema_decay": 0.9})
     reference = graphed_fit(cfg, 5)
@@ -154,8 +155,8 @@ def test_graphed_and_eager_training_agree_closely():
 
 def _task_and_batch(name: str):
     """Each of the three real tasks with a batch on the GPU (the default recipes: augmentation, clipping)."""
-    from trainlab.config import Params
-    from trainlab.training import build_task
+    from trainlab.core.config import Params
+    from trainlab.jobs.train import build_task
 
     if name == "classifier":
         meta, n = {"num_classes": 10, "channels": 1}, 32

@@ -1,11 +1,11 @@
-"""Tests for trainlab.pictures: each figure draws from plain tensors and saves as a PNG, edge cases included."""
+"""Tests for trainlab.jobs.pictures: each figure draws from plain tensors and saves as a PNG, edge cases included."""
 
 from __future__ import annotations
 
 import torch
 from matplotlib.figure import Figure
 
-from trainlab import pictures
+from trainlab.jobs import pictures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,22 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainlab.config import BaseParams, ClassifierParams, Params, TrainParams
-from trainlab.profiling import (
-    PeakMemory,
-    count_flops,
-    datasheet_peak_flops,
-    flops_per_step,
-    matmul_peak_flops,
-    measure_throughput,
-    setting_name,
-    settings_matrix,
-    time_step,
-)
+from trainlab.core.config import BaseParams, ClassifierParams, Params, TrainParams
+from trainlab.profiling.flops import count_flops, flops_per_step
+from trainlab.profiling.memory import PeakMemory
+from trainlab.profiling.peaks import datasheet_peak_flops, matmul_peak_flops
+from trainlab.profiling.throughput import measure_throughput, setting_name, settings_matrix, time_step
 from trainlab.profiling.peaks import datasheet_peak_for_name
 from trainlab.profiling.report import DeviceProfile, ModelProfile, markdown_report, metrics_dict
 from trainlab.profiling.traces import trace_step
-from trainlab.runtime import Runtime, resolve_runtime
+from trainlab.core.runtime import Runtime, resolve_runtime
 
 
 def cpu_runtime(**changes) -> Runtime:
@@ -37,7 +30,7 @@ def cpu_runtime(**changes) -> Runtime:
 
 
 def tiny_classifier_task():
-    from trainlab.training import build_task
+    from trainlab.jobs.train import build_task
 
     params = Params(classifier=ClassifierParams(width=8))
     return build_task("classifier", params, {"num_classes": 10, "channels": 1})
@@ -159,7 +152,7 @@ def test_measure_throughput_runs_the_real_step_on_a_copy():
 
 
 def test_make_steps_updates_the_weights():
-    from trainlab.profiling import make_steps
+    from trainlab.profiling.throughput import make_steps
 
     task = tiny_classifier_task()
     built = make_steps(task, resolve_runtime(BaseParams(device="cpu", precision="fp32")), image_batch(8),

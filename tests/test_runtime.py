@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.atomic import atomic_dir, atomic_path, process_lock, write_json
-from trainlab.config import BaseParams
-from trainlab.repro import derived_seed, environment, generator, seed_everything
-from trainlab.runtime import cpu_supports_bf16, resolve_runtime
-from trainlab.tasks import random_shift
+from trainlab.core.atomic import atomic_dir, atomic_path, process_lock, write_json
+from trainlab.core.config import BaseParams
+from trainlab.core.repro import derived_seed, environment, generator, seed_everything
+from trainlab.core.runtime import cpu_supports_bf16, resolve_runtime
+from trainlab.tasks.augment import random_shift
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,8 +45,8 @@ def test_determinism_loads_the_inductor_only_when_compiling(compiling):
     """torch.use_deterministic_algorithms imports torch._inductor (~1 s of a stage's start); only compile needs it."""
     code = textwrap.dedent(f"""
         import sys, torch
-        from trainlab.config import BaseParams
-        from trainlab.runtime import resolve_runtime
+        from trainlab.core.config import BaseParams
+        from trainlab.core.runtime import resolve_runtime
         resolve_runtime(BaseParams(device="cpu", deterministic=True, compile={compiling}))
         assert torch.are_deterministic_algorithms_enabled()
         loaded = "torch._inductor.config" in sys.modules
@@ -63,7 +63,7 @@ def test_determinism_loads_the_inductor_only_when_compiling(compiling):
 
 
 def test_cuda_requested_without_cuda_is_a_params_error():
-    from trainlab.errors import ParamsError
+    from trainlab.core.errors import ParamsError
 
     with pytest.raises(ParamsError, match="base.device"):
         resolve_runtime(BaseParams(device="cuda"))
@@ -140,9 +140,9 @@ def test_auto_precision_on_cuda_keeps_fp32_for_a_launch_bound_step_and_takes_bf1
     is only read here, nothing runs on it."""
     import dataclasses
 
-    from trainlab.config import Params
-    from trainlab.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
-    from trainlab.training import build_task, settle_auto_precision
+    from trainlab.core.config import Params
+    from trainlab.core.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
+    from trainlab.jobs.train import build_task, settle_auto_precision
 
     assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP / 4) == "fp32"
     assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP * 2) in ("bf16", "fp16")

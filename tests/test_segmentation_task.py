@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainlab.config import SegmenterParams
-from trainlab.models import build_segmenter
+from trainlab.core.config import SegmenterParams
+from trainlab.models.segmenter import build_segmenter
 from trainlab.models.segmenter import window_starts
-from trainlab.tasks import class_metric_keys, random_crop, random_symmetry, segmentation_task
+from trainlab.tasks.augment import random_crop, random_symmetry
+from trainlab.tasks.metrics import class_metric_keys
+from trainlab.tasks.segmenter import segmentation_task
 
 
 def paired(n=6, h=20, w=20):
@@ -117,11 +119,11 @@ def test_tiled_inference_matches_whole_image_shape_and_is_used_only_in_eval():
 def test_learns_thin_structures_from_crops_of_a_few_images():
     """A small version of benchmarks/segmentation_quality: 12 training images, trained on crops with the dihedral
     symmetries, tested on whole unseen images; the boundary class must be found well beyond chance."""
-    from trainlab.config import TrainParams
+    from trainlab.core.config import TrainParams
     from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set
-    from trainlab.engine import evaluate, fit, scalars
-    from trainlab.repro import seed_everything
-    from trainlab.runtime import Runtime
+    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.core.repro import seed_everything
+    from trainlab.core.runtime import Runtime
 
     images, masks = thin_structure_set(16, 64, seed=3)
     train = {"images": torch.from_numpy(images[:12]), "masks": torch.from_numpy(masks[:12])}

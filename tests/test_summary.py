@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainlab.summary import summary_lines
+from trainlab.jobs.summary import summary_lines
 
 
 def write(path, data):

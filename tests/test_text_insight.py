@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from trainlab import pictures
-from trainlab.config import Params, TextParams
-from trainlab.data.prepare import prepare_segmentation, segmentation_symmetries
+from trainlab.jobs import pictures
+from trainlab.core.config import Params, TextParams
+from trainlab.jobs.prepare import prepare_segmentation, segmentation_symmetries
 from trainlab.data.thin_structures import write_paired_folders
-from trainlab.errors import DataError
-from trainlab.evaluation import top_ngrams
-from trainlab.models import build_text_model
+from trainlab.core.errors import DataError
+from trainlab.tasks.text import top_ngrams
+from trainlab.models.text import build_text_model
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "good", "bad", "movie", "not"]
 
@@ -68,7 +68,8 @@ def test_symmetries_land_in_meta_and_embedded_canvases_refuse_them(tmp_path):
 
 
 def test_batch_larger_than_the_training_set_names_the_largest_that_works(tmp_path):
-    from trainlab.training import check_prepared
+    from trainlab.tasks import get
+    from trainlab.tasks.base import check_prepared
 
     splits = {s: {"images": torch.zeros(n, 1, 8, 8, dtype=torch.uint8), "masks": torch.zeros(n, 8, 8,
                                                                                              dtype=torch.uint8)}
@@ -76,5 +77,5 @@ def test_batch_larger_than_the_training_set_names_the_largest_that_works(tmp_pat
     meta = {"num_classes": 2, "channels": 1}
     with pytest.raises(DataError, match=r"21 training samples, fewer than segmenter.batch_size \(32\): the largest "
                                         r"batch size that works is 21"):
-        check_prepared("segmenter", tmp_path, meta, splits, 32)
-    check_prepared("segmenter", tmp_path, meta, splits, 21)
+        check_prepared(get("segmenter"), tmp_path, meta, splits, 32)
+    check_prepared(get("segmenter"), tmp_path, meta, splits, 21)

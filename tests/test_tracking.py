@@ -17,20 +17,14 @@ import pytest
 import torch
 import yaml
 
-from trainlab.config import load_params
-from trainlab.errors import TrackingUnavailable
-from trainlab.repro import git_state
-from trainlab.tracking import (
-    NullTracker,
-    PendingTracker,
-    _retry,
-    data_hash,
-    flatten_params,
-    mlflow_client,
-    resolve_tracking_uri,
-    start_run,
-    start_run_in_background,
-)
+from trainlab.core.config import load_params
+from trainlab.core.errors import TrackingUnavailable
+from trainlab.core.repro import git_state
+from trainlab.tracking.retry import retry as _retry
+from trainlab.tracking.lineage import data_hash
+from trainlab.tracking.runs import PendingTracker, start_run, start_run_in_background
+from trainlab.tracking.tracker import NullTracker, flatten_params
+from trainlab.tracking.uri import mlflow_client, resolve_tracking_uri
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -450,7 +444,7 @@ def test_data_hash_from_dvc_lock(params, store):
 def test_retry_only_on_database_locked(monkeypatch):
     import sqlite3
 
-    monkeypatch.setattr("trainlab.tracking._RETRY_BASE_DELAY_S", 0.001)
+    monkeypatch.setattr("trainlab.tracking.retry._RETRY_BASE_DELAY_S", 0.001)
     calls = []
 
     def flaky():
@@ -476,8 +470,8 @@ def test_concurrent_writers_share_one_sqlite_store(workdir):
     """Several processes create the experiment and log to one fresh SQLite DB at once."""
     script = textwrap.dedent(f"""
         import sys
-        from trainlab.config import load_params
-        from trainlab.tracking import start_run
+        from trainlab.core.config import load_params
+        from trainlab.tracking.runs import start_run
         p = load_params({str(PARAMS_FILE)!r})
         p.base.device = "cpu"
         with start_run(p, stage="sweep_" + sys.argv[1]) as t:
@@ -591,7 +585,7 @@ def test_run_names_say_stage_and_commit_never_the_seeded_random(params, store, m
 def test_dataset_inputs_carry_the_dvc_hash_and_context(params, store):
     import hashlib
 
-    from trainlab.tracking import split_inputs
+    from trainlab.tracking.lineage import split_inputs
 
     folder = store / "data" / "prepared" / "classification"
     folder.mkdir(parents=True)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from trainlab.spool import read_calls, write_spool
-from trainlab.tracking_queue import Call, QueuedTracker, is_outage
+from trainlab.tracking.spool import read_calls, write_spool
+from trainlab.tracking.queue import Call, QueuedTracker, is_outage
 
 
 def test_what_counts_as_an_outage():

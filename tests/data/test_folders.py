@@ -7,7 +7,7 @@ from PIL import Image
 
 from tests.data.factories import make_image_folder, make_paired_folders, save_png
 from trainlab.data.folders import load_image_folder, load_paired_folders
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 
 def test_image_folder_labels_follow_sorted_folder_names(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 from trainlab.data.prepared import (load_jsonl, load_meta, load_split, save_jsonl, save_meta, save_split,
                                     split_path)
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 
 def tensors():

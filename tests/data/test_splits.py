@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trainlab.data.splits import require_every_class, train_val_test_split
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 LABELS = np.repeat(np.arange(4), 50)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer, split_tokens
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 
 def test_normalises_urls_mentions_and_hashtags():

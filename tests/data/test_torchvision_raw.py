@@ -7,7 +7,7 @@ import pytest
 
 from tests.data.factories import make_fake_mnist
 from trainlab.data.torchvision_raw import load_official_splits
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 
 def test_mnist_idx_files(tmp_path):

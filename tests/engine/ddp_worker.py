@@ -8,11 +8,12 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainlab import distributed
-from trainlab.config import BaseParams, DistributedParams, TrainParams
-from trainlab.engine import Task, fit
-from trainlab.repro import seed_everything
-from trainlab.runtime import resolve_runtime
+from trainlab.core import distributed
+from trainlab.core.config import BaseParams, DistributedParams, TrainParams
+from trainlab.engine.loop import fit
+from trainlab.engine.task import Task
+from trainlab.core.repro import seed_everything
+from trainlab.core.runtime import resolve_runtime
 
 
 def main(out: str) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from trainlab.config import DistributedParams
-from trainlab.distributed import torchrun_command
+from trainlab.core.config import DistributedParams
+from trainlab.core.distributed import torchrun_command
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 REPO = Path(__file__).resolve().parents[2]

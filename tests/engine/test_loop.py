@@ -9,11 +9,12 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainlab.config import BaseParams, TrainParams
-from trainlab.engine import Task, TrainingInterrupted, evaluate, fit, scalars
-from trainlab.errors import CheckpointError, TrainingDiverged
-from trainlab.repro import seed_everything
-from trainlab.runtime import resolve_runtime
+from trainlab.core.config import BaseParams, TrainParams
+from trainlab.engine.loop import TrainingInterrupted, evaluate, fit, scalars
+from trainlab.engine.task import Task
+from trainlab.core.errors import CheckpointError, TrainingDiverged
+from trainlab.core.repro import seed_everything
+from trainlab.core.runtime import resolve_runtime
 
 
 def tiny_data(n: int, seed: int = 0) -> dict[str, torch.Tensor]:

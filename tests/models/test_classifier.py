@@ -10,11 +10,11 @@ import torch.nn.functional as F
 import torchvision.models as tvm
 from safetensors.torch import save_file
 
-from trainlab.config import ClassifierParams
-from trainlab.errors import CheckpointError
-from trainlab.models import (
-    backbone_parameters, build_classifier, build_from_config, count_parameters, head_parameters,
-)
+from trainlab.core.config import ClassifierParams
+from trainlab.core.errors import CheckpointError
+from trainlab.engine.loop import count_parameters
+from trainlab.models.classifier import backbone_parameters, build_classifier
+from trainlab.tasks import build_from_config
 
 TV_ARCHS = ["resnet18", "mobilenet_v3_small", "efficientnet_b0"]
 
@@ -103,14 +103,14 @@ def test_resnet_small_finetunes_from_own_safetensors_with_new_head(tmp_path):
 def test_freeze_backbone_leaves_only_head_trainable(arch):
     model = build_classifier(ClassifierParams(arch=arch, width=8, freeze_backbone=True), 10, 1)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    assert [id(p) for p in trainable] == [id(p) for p in head_parameters(model)]
+    assert [id(p) for p in trainable] == [id(p) for p in list(model.head.parameters())]
     assert all(not p.requires_grad for p in backbone_parameters(model))
     assert count_parameters(model)[1] == model.head.weight.numel() + model.head.bias.numel()
 
 
 def test_head_and_backbone_parameters_partition_the_model():
     model = build_classifier(ClassifierParams(width=8), 10, 1)
-    head, body = head_parameters(model), backbone_parameters(model)
+    head, body = list(model.head.parameters()), backbone_parameters(model)
     assert {id(p) for p in head}.isdisjoint(id(p) for p in body)
     assert len(head) + len(body) == len(list(model.parameters())) and len(head) == 2
 

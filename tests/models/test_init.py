@@ -6,8 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from trainlab.config import SegmenterParams, TextParams
-from trainlab.models import build_segmenter, build_text_model, count_parameters, init_weights
+from trainlab.core.config import SegmenterParams, TextParams
+from trainlab.engine.loop import count_parameters
+from trainlab.models.init import init_weights
+from trainlab.models.segmenter import build_segmenter
+from trainlab.models.text import build_text_model
 
 
 def zoo():

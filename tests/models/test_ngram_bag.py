@@ -6,8 +6,9 @@ import json
 
 import torch
 
-from trainlab.config import TextParams
-from trainlab.models import build_from_config, build_text_model
+from trainlab.core.config import TextParams
+from trainlab.models.text import build_text_model
+from trainlab.tasks import build_from_config
 from trainlab.models.ngram_bag import NgramBag, ngram_ids
 
 PAD, CLS, VOCAB, MAX_LEN = 0, 2, 50, 16

@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.config import SegmenterParams
-from trainlab.models import build_from_config, build_segmenter, count_parameters
+from trainlab.core.config import SegmenterParams
+from trainlab.engine.loop import count_parameters
+from trainlab.models.segmenter import build_segmenter
+from trainlab.tasks import build_from_config
 
 
 @pytest.mark.parametrize("depth,size", [(1, (64, 64)), (3, (64, 64)), (3, (32, 48)), (3, (30, 45))])

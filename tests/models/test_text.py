@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.config import TextParams
-from trainlab.errors import CheckpointError
-from trainlab.models import build_from_config, build_text_model
+from trainlab.core.config import TextParams
+from trainlab.core.errors import CheckpointError
+from trainlab.models.text import build_text_model
+from trainlab.tasks import build_from_config
 
 PAD, CLS, VOCAB, MAX_LEN = 0, 2, 50, 16
 

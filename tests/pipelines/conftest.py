@@ -18,26 +18,13 @@ import yaml
 
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
+from tests.tiny import TINY_PARAMS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SERVER_STARTUP_TIMEOUT_S = 240   # the first start migrates a fresh SQLite DB; slow on a busy 2-core machine
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
                 "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
-
-# Small enough that a whole pipeline runs in about a minute on 2 busy cores (evaluate/profile included once added).
-TINY_PARAMS = {
-    "base": {"num_workers": 0},
-    # width 8, not 4: a 4-wide classifier's channels_last backward hangs or crashes in oneDNN on AVX2-only CPUs
-    # (torch 2.14.1, seen on this project's 2-core machine)
-    "classifier": {"width": 8, "epochs": 1, "max_steps": 2, "batch_size": 4, "warmup_epochs": 0},
-    "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 2, "warmup_epochs": 0},
-    "text": {"d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
-             "batch_size": 4, "warmup_epochs": 0, "baseline_max_features": 50},
-    "evaluate": {"batch_size": 64, "n_examples": 1},
-    "profile": {"batch_size": 2, "warmup_steps": 0, "steps": 1, "repeats": 1, "trace": False, "compile": False},
-}
-
 
 @dataclass
 class PrefectServer:

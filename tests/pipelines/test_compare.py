@@ -6,7 +6,7 @@ import pytest
 
 from pipelines.compare import (CHAMPION, champion_version, collect_runs, format_table, main, model_name, promote,
                                promote_new_models)
-from trainlab.cli import run_cli
+from trainlab.core.cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 

@@ -24,7 +24,7 @@ FLAKY_FILES = {
         pathlib.Path("out").mkdir(exist_ok=True)
         pathlib.Path("out/flaky.txt").write_text("ok")
     """,
-    # bad data: the stage reports it the way trainlab.cli does, with DataError's exit code 3
+    # bad data: the stage reports it the way trainlab.core.cli does, with DataError's exit code 3
     "bad.py": """
         import sys
         print("error: data/x.csv row 3: not a number")

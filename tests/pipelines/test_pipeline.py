@@ -44,7 +44,7 @@ def test_first_run_executes_every_stage_under_one_parent_mlflow_run(first_pipeli
 
 def test_runs_have_distinct_names_dataset_inputs_and_the_model_training_view(first_pipeline_run, tiny_repo):
     """What the MLflow UI shows: a name per run that says its stage; the Dataset column; the experiment's kind."""
-    from trainlab.tracking import file_md5
+    from trainlab.tracking.lineage import file_md5
 
     summary, _ = first_pipeline_run
     client = mlflow_client(tiny_repo)

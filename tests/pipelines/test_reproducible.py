@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.pipelines.conftest import BIN, GIT_IDENTITY, commit_all, git, make_tiny_repo
-from trainlab.tracking import file_md5
+from trainlab.tracking.lineage import file_md5
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -117,7 +117,7 @@ def test_sweep_points_run_on_a_work_pool_by_its_worker(first_pipeline_run, tiny_
 
 def test_an_unknown_deployment_is_a_clear_error_before_any_point_runs(prefect_api, tiny_repo):
     from pipelines.sweep import sweep
-    from trainlab.errors import ParamsError
+    from trainlab.core.errors import ParamsError
 
     with pytest.raises(ParamsError, match="not on the Prefect server"):
         sweep(grid={"classifier.lr": [0.004]}, name="nowhere", root=str(tiny_repo),

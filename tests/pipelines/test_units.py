@@ -15,9 +15,9 @@ from pipelines.execute import (PermanentStageError, TransientStageError, describ
 from pipelines.flow import summary_table
 from pipelines.runs import stage_run_env, tracking_uri
 from tests.pipelines.conftest import REPO
-from trainlab.cli import run_cli
-from trainlab.config import load_params
-from trainlab.errors import DataError, ParamsError
+from trainlab.core.cli import run_cli
+from trainlab.core.config import load_params
+from trainlab.core.errors import DataError, ParamsError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.reliability
 
 def run_in_process(main, argv: list[str], capsys) -> tuple[int, str]:
     """A stage's entry point as `python -m` runs it (run_cli); returns (exit code, stderr)."""
-    from trainlab.cli import run_cli
+    from trainlab.core.cli import run_cli
 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, argv)
@@ -85,7 +85,7 @@ def test_traceback_only_when_asked_for(tmp_path, how):
     args, env = (CLASSIFIER_ARGS + ["--debug"], {}) if how == "--debug" else (CLASSIFIER_ARGS, {"TRAINLAB_DEBUG": "1"})
     proc = run_stage("stages.train_classifier", args, tmp_path, timeout=120, **env)
     assert proc.returncode != 0
-    assert "Traceback (most recent call last)" in proc.stderr and "trainlab.errors.ParamsError" in proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr and "trainlab.core.errors.ParamsError" in proc.stderr
     assert "classifier.lrr" in proc.stderr
     assert tree(tmp_path) == ["params.yaml"]
 
@@ -254,10 +254,10 @@ def test_resume_checkpoint_that_does_not_fit_the_model_exit_4(tmp_path, prepared
     """Same params and data (so the same fingerprint) but a model that no longer fits (its code changed): a clear
     error naming the checkpoint and the mismatched keys, not a traceback from load_state_dict."""
     from stages.train_classifier import main
-    from trainlab.config import Params
+    from trainlab.core.config import Params
     from trainlab.engine.checkpoint import save_checkpoint
-    from trainlab.models import build_classifier
-    from trainlab.training import fingerprint
+    from trainlab.models.classifier import build_classifier
+    from trainlab.jobs.train import fingerprint
 
     params = tiny_params()
     ws = make_workspace(tmp_path / "ws", prepared, params)
@@ -277,9 +277,9 @@ def test_resume_checkpoint_that_does_not_fit_the_model_exit_4(tmp_path, prepared
 @pytest.fixture
 def saved_models(tmp_path, prepared):
     """models/{classifier,segmenter,text} as the training stages write them (untrained: only their fit matters)."""
-    from trainlab.config import Params
-    from trainlab.data import load_meta
-    from trainlab.training import build_task, save_model
+    from trainlab.core.config import Params
+    from trainlab.data.prepared import load_meta
+    from trainlab.jobs.train import build_task, save_model
 
     params = Params.model_validate(tiny_params())
     data = prepared / "data" / "prepared"
@@ -297,8 +297,8 @@ def saved_models(tmp_path, prepared):
 
 
 def _other_architecture(models: Path) -> str:
-    from trainlab.config import ClassifierParams
-    from trainlab.models import build_classifier
+    from trainlab.core.config import ClassifierParams
+    from trainlab.models.classifier import build_classifier
 
     wider = build_classifier(ClassifierParams(width=16), num_classes=10, in_channels=1)
     save_file({k: v.contiguous() for k, v in wider.state_dict().items()}, str(models / "classifier/model.safetensors"))
@@ -306,9 +306,9 @@ def _other_architecture(models: Path) -> str:
 
 
 def _other_class_count(models: Path) -> str:
-    from trainlab.config import ClassifierParams
-    from trainlab.models import build_classifier
-    from trainlab.training import save_model
+    from trainlab.core.config import ClassifierParams
+    from trainlab.models.classifier import build_classifier
+    from trainlab.jobs.train import save_model
 
     save_model(build_classifier(ClassifierParams(width=8), num_classes=5, in_channels=1), models / "classifier",
                extra_json={"info.json": {"task": "classifier"}})
@@ -344,8 +344,8 @@ def test_model_that_does_not_fit_its_data_exit_4_nothing_written(tmp_path, prepa
 
 def test_pretrained_weights_of_another_architecture_exit_4(tmp_path, prepared, monkeypatch, capsys):
     from stages.train_classifier import main
-    from trainlab.config import ClassifierParams
-    from trainlab.models import build_classifier
+    from trainlab.core.config import ClassifierParams
+    from trainlab.models.classifier import build_classifier
 
     weights = tmp_path / "resnet_small.pt"
     torch.save(build_classifier(ClassifierParams(width=4), num_classes=10, in_channels=1).state_dict(), weights)

@@ -134,7 +134,7 @@ def test_sigint_then_sigterm_checkpoint_say_how_to_resume_and_resume_exactly(tmp
 
 def poison_loss(monkeypatch, at_step: int, value: float) -> None:
     """Make the classifier's training loss `value` from training forward pass `at_step` (1-based) on."""
-    import trainlab.tasks as tasks
+    import trainlab.tasks.classifier as tasks
 
     real = tasks.classification_task
 
@@ -165,8 +165,8 @@ def test_nan_or_inf_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_
                                                                             value, at_step, checkpoint_every,
                                                                             last_good):
     from stages.train_classifier import main
-    from trainlab.cli import run_cli
-    from trainlab.errors import TrainingDiverged
+    from trainlab.core.cli import run_cli
+    from trainlab.core.errors import TrainingDiverged
 
     ws = make_workspace(tmp_path / "ws", prepared, tiny_params({"classifier": {
         "epochs": 1, "max_steps": 12, "checkpoint_every_steps": checkpoint_every}}))

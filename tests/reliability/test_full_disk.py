@@ -80,9 +80,9 @@ WRITER = textwrap.dedent("""
 
     import torch
 
-    from trainlab.atomic import write_json
-    from trainlab.cli import run_cli
-    from trainlab.training import save_model
+    from trainlab.core.atomic import write_json
+    from trainlab.core.cli import run_cli
+    from trainlab.jobs.train import save_model
 
     def main(argv):
         kind, target = argv[0], Path(argv[1])

@@ -143,7 +143,7 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     assert ended - trained <= grace + 10, f"exit {ended - trained:.1f} s after training ended"
     assert "Traceback" not in output
     [error] = [line for line in output.splitlines() if line.startswith("error: ")]
-    assert "did not answer for 5 s after training ended" in error and "python -m trainlab.replay" in error
+    assert "did not answer for 5 s after training ended" in error and "python -m trainlab.tracking.replay" in error
     for out in ("models/classifier/model.safetensors", "models/classifier/info.json", "reports/classifier/metrics.json",
                 "reports/classifier/history.csv"):
         assert (ws / out).exists(), out
@@ -153,7 +153,7 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     assert kept[-2:] == ["log_saved_model", "end_run"] and "log_metrics" in kept
 
     # the server is still down: the replay says so in one line, exit 6, and keeps everything
-    proc = subprocess.run([PYTHON, "-m", "trainlab.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 6 and "still unreachable" in proc.stderr and "Traceback" not in proc.stderr
     assert (spool / "calls.jsonl").exists()
@@ -161,7 +161,7 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     server.start()
     backup = tmp_path / "spool-copy"
     shutil.copytree(spool, backup)
-    proc = subprocess.run([PYTHON, "-m", "trainlab.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"logged {len(kept)} calls" in proc.stdout
@@ -171,7 +171,7 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     # idempotent: every call replayed a second time (as if the record of what was done were lost) lands nothing twice
     shutil.rmtree(spool)
     shutil.copytree(backup, spool)
-    proc = subprocess.run([PYTHON, "-m", "trainlab.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     client, run = the_run(server.uri)

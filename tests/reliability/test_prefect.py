@@ -40,15 +40,15 @@ RETRY_FILES = {
     """,
     # trainlab's own params validation: ParamsError, exit 2
     "bad_params.py": COUNT_ATTEMPT.format(name="bad_params") + """
-    from trainlab.cli import run_cli
-    from trainlab.config import load_params
+    from trainlab.core.cli import run_cli
+    from trainlab.core.config import load_params
     run_cli(lambda argv: load_params("bad_params.yaml"), [])
     """,
     "bad_params.yaml": "classifier:\n  lrr: 0.1\n",
     # bad data as trainlab reports it: DataError, exit 3
     "bad_data.py": COUNT_ATTEMPT.format(name="bad_data") + """
-    from trainlab.cli import run_cli
-    from trainlab.errors import DataError
+    from trainlab.core.cli import run_cli
+    from trainlab.core.errors import DataError
     def main(argv):
         raise DataError("data/raw/texts.csv: row 3: empty text")
     run_cli(main, [])
@@ -94,8 +94,8 @@ def test_transient_failure_is_retried_bad_params_or_data_are_not(prefect_api, tm
 
 LOGGING_STAGE = """
     import json
-    from trainlab.config import load_params
-    from trainlab.tracking import start_run
+    from trainlab.core.config import load_params
+    from trainlab.tracking.runs import start_run
 
     params = load_params("params.yaml")
     seed = params.base.seed

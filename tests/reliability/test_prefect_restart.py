@@ -156,9 +156,9 @@ def test_a_stage_that_exits_6_is_not_retried_while_the_tracking_server_is_down(t
             pathlib.Path("../track-started").write_text("")
             while not pathlib.Path("../track-release").exists():
                 time.sleep(0.2)
-            from trainlab.cli import run_cli
-            from trainlab.config import load_params
-            from trainlab.stage_cli import probe_tracking
+            from trainlab.core.cli import run_cli
+            from trainlab.core.config import load_params
+            from trainlab.tracking.uri import probe_tracking
             run_cli(lambda argv: probe_tracking(load_params("params.yaml")), [])
         """,
         "dvc.yaml": """

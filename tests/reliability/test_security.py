@@ -132,7 +132,7 @@ def test_every_server_binds_to_127_0_0_1():
     """Servers the project starts or tells you to start (docs, scripts, code, its tests) bind to 127.0.0.1: a line
     that starts one names the loopback address, any --host on it is 127.0.0.1; nothing binds 0.0.0.0; torchrun's
     rendezvous defaults to 127.0.0.1. (Prefect's `flow.serve` talks to the API and opens no port by default.)"""
-    from trainlab.config import DistributedParams
+    from trainlab.core.config import DistributedParams
 
     bad = []
     for path in repo_files():
@@ -232,13 +232,13 @@ def test_the_pickle_bomb_is_live(tmp_path):
 
 def test_pickle_checkpoints_and_weights_are_refused_without_running_them(tmp_path, prepared, monkeypatch, capsys):
     from stages.train_classifier import main
-    from trainlab.cli import run_cli
-    from trainlab.config import ClassifierParams
+    from trainlab.core.cli import run_cli
+    from trainlab.core.config import ClassifierParams
     from trainlab.engine.checkpoint import load_checkpoint
-    from trainlab.errors import CheckpointError
-    from trainlab.models import build_classifier
-    from trainlab.saved import load_saved_model
-    from trainlab.training import save_model
+    from trainlab.core.errors import CheckpointError
+    from trainlab.models.classifier import build_classifier
+    from trainlab.tasks.saved import load_saved_model
+    from trainlab.jobs.train import save_model
 
     marker = tmp_path / "pwned"
     # 1. the loader itself
@@ -270,8 +270,8 @@ def test_pickle_checkpoints_and_weights_are_refused_without_running_them(tmp_pat
 def test_secret_keys_and_url_passwords_are_masked_in_what_is_logged(tmp_path, monkeypatch):
     import mlflow
 
-    from trainlab.config import Params
-    from trainlab.tracking import start_run
+    from trainlab.core.config import Params
+    from trainlab.tracking.runs import start_run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

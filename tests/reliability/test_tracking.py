@@ -98,8 +98,8 @@ def test_other_stages_report_an_unreachable_server_before_their_work(tmp_path, p
 
 
 def expected_params(params: dict) -> set[str]:
-    from trainlab.config import Params
-    from trainlab.tracking import flatten_params
+    from trainlab.core.config import Params
+    from trainlab.tracking.tracker import flatten_params
 
     p = Params.model_validate(params)
     return set(flatten_params({"base": p.base.model_dump(), "classifier": p.classifier.model_dump()})) | {

@@ -13,7 +13,7 @@ import yaml
 
 from tests.pipelines.conftest import REPO, commit_all, git, make_tiny_repo
 from tests.scaleout.conftest import BIN, STAGE_TIMEOUT_S, files_under, stage_env, timed
-from trainlab.saved import load_saved_model
+from trainlab.tasks.saved import load_saved_model
 
 STAGES = ("prepare", "train_classifier")
 

@@ -12,15 +12,18 @@ import torch
 import yaml
 
 from stages.evaluate import main
-from trainlab.config import ClassifierParams, SegmenterParams, TextParams, load_params
+from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams, load_params
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
 from trainlab.data.tokenizer import Tokenizer
-from trainlab.errors import CheckpointError, DataError
-from trainlab.evaluation import OUTPUT_FILES, load_inputs, run_test_split
-from trainlab.models import build_classifier, build_segmenter, build_text_model
-from trainlab.runtime import resolve_runtime
-from trainlab.tracking import file_md5
-from trainlab.training import save_model
+from trainlab.core.errors import CheckpointError, DataError
+from trainlab.jobs.evaluate import load_inputs, output_files
+from trainlab.tasks.scoring import run_test_split
+from trainlab.models.classifier import build_classifier
+from trainlab.models.segmenter import build_segmenter
+from trainlab.models.text import build_text_model
+from trainlab.core.runtime import resolve_runtime
+from trainlab.tracking.lineage import file_md5
+from trainlab.jobs.train import save_model
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = [str(d) for d in range(10)]
@@ -147,9 +150,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def test_writes_exactly_the_declared_files(evaluated):
     root, _ = evaluated
     out = root / "reports" / "evaluate"
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted(output_files())
     assert [p.name for p in (root / "reports").iterdir()] == ["evaluate"]  # no temp folders left behind
-    for name in OUTPUT_FILES:
+    for name in output_files():
         if name.endswith(".png"):
             data = (out / name).read_bytes()
             # with a Transformer text model the n-gram picture is a one-line notice saying why it is empty
@@ -242,14 +245,14 @@ def test_one_mlflow_run_linked_to_the_training_runs(evaluated):
     assert run.data.metrics["segmenter.iou.background"] == pytest.approx(metrics["segmenter"]["iou"]["background"])
     assert run.data.metrics["text.baseline_accuracy"] == 0.75
     logged = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert set(OUTPUT_FILES) <= logged
+    assert set(output_files()) <= logged
 
 
 def test_lineage_finds_the_training_run_by_the_model_md5(copy_of, tmp_path, monkeypatch):
     """A model restored from DVC's cache has no run id beside it: its md5 finds the run that trained it."""
     import mlflow
 
-    from trainlab.tracking import start_run
+    from trainlab.tracking.runs import start_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     write_params(copy_of / "params.yaml")
@@ -276,7 +279,7 @@ def test_tta_predictions_are_deterministic(workspace):
 
 
 def test_missing_model_folder_is_a_clear_error_with_no_outputs(copy_of, capsys):
-    from trainlab.cli import run_cli
+    from trainlab.core.cli import run_cli
 
     shutil.rmtree(copy_of / "models" / "segmenter")
     with pytest.raises(SystemExit) as exit_info:
@@ -301,12 +304,12 @@ def test_labels_outside_the_model_classes_are_a_data_error(copy_of):
     data = copy_of / "data" / "prepared" / "text"
     tokens = torch.full((2, 12), 2)
     save_split(data, "test", {"tokens": tokens, "labels": torch.tensor([0, 7])})
-    with pytest.raises(DataError, match=r"text/test\.safetensors.*labels range 0\.\.7"):
+    with pytest.raises(DataError, match=r"text/test\.safetensors: labels 0\.\.7 outside the 3 classes"):
         main(["data/prepared", "models", "reports/evaluate"])
 
 
 def test_missing_baseline_is_a_checkpoint_error(copy_of, capsys):
-    from trainlab.cli import run_cli
+    from trainlab.core.cli import run_cli
 
     (copy_of / "models" / "text" / "baseline.json").unlink()
     with pytest.raises(SystemExit) as exit_info:

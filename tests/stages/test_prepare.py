@@ -22,10 +22,11 @@ from tests.data.factories import (
     user_data_section,
     write_params,
 )
-from trainlab.cli import run_cli
-from trainlab.data import Tokenizer, load_jsonl, load_meta, load_split
+from trainlab.core.cli import run_cli
+from trainlab.data.prepared import load_jsonl, load_meta, load_split
+from trainlab.data.tokenizer import Tokenizer
 from trainlab.data.sources import embedded_digit_splits
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -279,7 +280,7 @@ def test_embedded_tensors_follow_the_documented_layout(embedded_runs):
 
 
 def test_embedded_canvas_pools_are_the_classification_splits():
-    from trainlab.config import Params
+    from trainlab.core.config import Params
     from trainlab.data.embedded import load_mnist_5k
 
     _, labels = load_mnist_5k()

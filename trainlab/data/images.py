@@ -8,7 +8,7 @@ import numpy as np
 import tifffile
 from PIL import Image, UnidentifiedImageError
 
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 TIFF_SUFFIXES = (".tif", ".tiff")

@@ -10,8 +10,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from trainlab.atomic import atomic_path, write_json
-from trainlab.errors import DataError
+from trainlab.core.atomic import atomic_path, write_json
+from trainlab.core.errors import DataError
 
 SPLITS = ("train", "val", "test")
 META_FILE = "meta.json"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trainlab.config import DataParams
+from trainlab.core.config import DataParams
 from trainlab.data import canvases, embedded, folders, texts
 from trainlab.data.prepared import SPLITS
 from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 EMBEDDED_DIGITS_KEY = "mnist_5k"
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainlab.errors import DataError
-from trainlab.repro import derived_seed
+from trainlab.core.errors import DataError
+from trainlab.core.repro import derived_seed
 
 
 def split_rng(seed: int, *keys: str) -> np.random.Generator:

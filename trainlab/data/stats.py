@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -51,18 +49,3 @@ def image_size(images: np.ndarray) -> dict[str, int]:
     """channels, height and width of a (N, C, H, W) array."""
     _, channels, height, width = images.shape
     return {"channels": int(channels), "height": int(height), "width": int(width)}
-
-
-METRIC_KEY_UNSAFE = re.compile(r"[^\w\-./ ]")
-
-
-def flatten_numeric(stats: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Nested stats as flat ``a.b.c`` keys with numeric values only (MLflow metric names)."""
-    flat: dict[str, float] = {}
-    for key, value in stats.items():
-        name = METRIC_KEY_UNSAFE.sub("_", f"{prefix}{key}")
-        if isinstance(value, Mapping):
-            flat.update(flatten_numeric(value, f"{name}."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat[name] = float(value)
-    return flat

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 
 @dataclass

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainlab.atomic import write_json
-from trainlab.errors import DataError
+from trainlab.core.atomic import write_json
+from trainlab.core.errors import DataError
 
 PAD, UNK, CLS = "[PAD]", "[UNK]", "[CLS]"
 SPECIAL_TOKENS = (PAD, UNK, CLS)

@@ -10,7 +10,7 @@ import numpy as np
 import torchvision
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from trainlab.errors import DataError
+from trainlab.core.errors import DataError
 
 MNIST_LIKE = {"mnist": torchvision.datasets.MNIST, "fashion_mnist": torchvision.datasets.FashionMNIST}
 MNIST_FILES = {

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainlab.repro import generator
+from trainlab.core.repro import generator
 
 Batch = dict[str, torch.Tensor]
 

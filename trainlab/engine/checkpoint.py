@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainlab.atomic import atomic_path
-from trainlab.errors import CheckpointError
+from trainlab.core.atomic import atomic_path
+from trainlab.core.errors import CheckpointError
 
 
 def rng_state() -> dict[str, Any]:

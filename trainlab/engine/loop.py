@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainlab import distributed
-from trainlab.config import TrainParams
+from trainlab.core import distributed
+from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
@@ -23,8 +23,8 @@ from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_s
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.task import Task
-from trainlab.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
-from trainlab.runtime import Runtime
+from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
+from trainlab.core.runtime import Runtime
 
 
 class MetricsSink(Protocol):
@@ -35,6 +35,12 @@ class TrainingInterrupted(UserError):
     """Stopped by a signal (or on request) after writing a checkpoint to resume from."""
 
     exit_code = 130
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 @dataclass
@@ -150,8 +156,7 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
     step = TrainStep(task, model, cfg, runtime, total_updates=total_updates,
                      warmup_updates=round(cfg.warmup_epochs * updates_per_epoch), seed=seed, forward=forward,
                      graphs=graphs)
-    total_params = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total_params, trainable = count_parameters(model)
 
     epoch, step_in_epoch, history, train_time = 0, 0, [], 0.0
     ckpt = Path(checkpoint_path) if checkpoint_path else None

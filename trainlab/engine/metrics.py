@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainlab.repro import set_deterministic_algorithms
+from trainlab.core.repro import set_deterministic_algorithms
 
 if TYPE_CHECKING:
     from torchmetrics import Metric, MetricCollection

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from trainlab.config import TrainParams
+from trainlab.core.config import TrainParams
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float, head: nn.Module | None = None,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainlab.config import TrainParams
+from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.ema import EMA
 from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
 from trainlab.engine.task import Task
-from trainlab.repro import generator
-from trainlab.runtime import Runtime
+from trainlab.core.repro import generator
+from trainlab.core.runtime import Runtime
 
 # Eager steps run (and then undone) before a capture: lazy optimizer state, allocator and library warm-up.
 GRAPH_WARMUP_STEPS = 3

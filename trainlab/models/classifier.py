@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from trainlab.config import ClassifierParams
-from trainlab.errors import CheckpointError
+from trainlab.core.config import ClassifierParams
+from trainlab.core.errors import CheckpointError
+from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 
 TORCHVISION_ARCHS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0")  # torchvision.models builders by name
-
-
-def checkpoint_block(block: nn.Module, *args, enabled: bool):
-    """`block(*args)`, with activations recomputed in backward when enabled and training (BatchNorm stats move once)."""
-    if not (enabled and block.training and torch.is_grad_enabled()):
-        return block(*args)
-    return checkpoint(
-        block, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), _restore_buffers(block))
-    )
-
-
-@contextlib.contextmanager
-def _restore_buffers(module: nn.Module):
-    """Undo buffer updates (BatchNorm running stats) made while a checkpointed block is recomputed."""
-    saved = [buf.clone() for buf in module.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buf, old in zip(module.buffers(), saved):
-                buf.copy_(old)
 
 
 class BasicBlock(nn.Module):
@@ -185,11 +163,6 @@ def load_weights(module: nn.Module, path: str | Path, fresh_prefix: str | None =
     if found:
         raise CheckpointError(f"{path}: does not match {type(module).__name__}; " + "; ".join(found))
     module.load_state_dict(state, strict=False)
-
-
-def head_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters of `model.head` (the engine may give them their own learning rate)."""
-    return list(model.head.parameters())
 
 
 def backbone_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainlab.config import SegmenterParams
-from trainlab.models.classifier import checkpoint_block
+from trainlab.core.config import SegmenterParams
+from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainlab.config import TextParams
-from trainlab.models.classifier import checkpoint_block
+from trainlab.core.config import TextParams
+from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 from trainlab.models.ngram_bag import NgramBag
 

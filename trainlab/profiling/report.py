@@ -84,18 +84,6 @@ def derived(m: dict[str, float], flops: dict[str, int], batch_size: int, peak: f
     return out
 
 
-def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    """Nested metrics as MLflow keys: classifier/bf16_channels_last/train_mfu."""
-    flat: dict[str, float] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}/{key}" if prefix else key
-        if isinstance(value, dict):
-            flat.update(flat_metrics(value, name))
-        elif isinstance(value, (int, float)):
-            flat[name] = float(value)
-    return flat
-
-
 def _fmt(value: float | None, kind: str = "") -> str:
     if value is None:
         return "–"

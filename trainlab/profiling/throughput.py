@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainlab.config import TrainParams
+from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.task import Task
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import synchronize
-from trainlab.runtime import Runtime, cpu_supports_bf16
+from trainlab.core.runtime import Runtime, cpu_supports_bf16
 
 
 def setting_name(runtime: Runtime, conv: bool = True) -> str:

@@ -1,0 +1,1 @@
+"""The core: params, errors, atomic writes, seeds and determinism, the runtime, DDP setup, the CLI wrapper."""

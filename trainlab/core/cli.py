@@ -1,0 +1,43 @@
+"""Entry-point wrapper: user errors print one clear message and exit non-zero; tracebacks only with --debug."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from trainlab.core.errors import UserError
+
+DEBUG_ENV = "TRAINLAB_DEBUG"
+
+
+def command_parser(prog: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """An ArgumentParser whose --help also shows --debug (run_cli reads and removes it before parsing)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
+    return parser
+
+
+def debug_enabled(argv: list[str] | None = None) -> bool:
+    argv = sys.argv if argv is None else argv
+    return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false")
+
+
+def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
+    """Call `main(argv)`; turn a UserError into `error: ...` on stderr and its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(argv)
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        main(argv)
+    except UserError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"(set {DEBUG_ENV}=1 or pass --debug for a traceback)", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,307 @@
+"""params.yaml loaded once into typed, validated pydantic models; errors name the key path, line and allowed values."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trainlab.core.errors import ParamsError
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class Section(BaseModel):
+    """A params section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class DistributedParams(Section):
+    """How training stages launch: >1 process re-runs the stage under torchrun (gloo on CPU, nccl on CUDA)."""
+
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    nnodes: int = Field(1, ge=1, le=4096)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str = "127.0.0.1:29500"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    sync_batchnorm: bool = False
+
+
+class BaseParams(Section):
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+    deterministic: bool = True
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False
+    cuda_graphs: bool | Literal["auto"] = "auto"
+    channels_last: bool = True
+    tf32: bool = True
+    data_on_device_max_mb: int = Field(2048, ge=0)
+    num_workers: int = Field(2, ge=0, le=64)
+    distributed: DistributedParams = DistributedParams()
+
+
+class ClassificationData(Section):
+    source: Literal["embedded", "mnist", "fashion_mnist", "cifar10", "image_folder"] = "embedded"
+    root: str = "data/raw/classification"
+
+
+class SegmentationData(Section):
+    source: Literal["embedded", "paired_folders"] = "embedded"
+    root: str = "data/raw/segmentation"
+    canvas_size: int = Field(64, ge=28, le=512)
+    max_digits: int = Field(3, ge=1, le=8)
+    canvases_per_digit: float = Field(1.0, gt=0, le=20)
+    num_classes: int = Field(11, ge=2, le=256)
+    # label-preserving transforms of the user's images, for augmentation (recorded in meta.json): none; flips
+    # (horizontal and vertical); dihedral (flips and 90-degree rotations). The embedded digit canvases allow none.
+    symmetries: Literal["none", "flips", "dihedral"] = "none"
+
+
+class TextData(Section):
+    source: Literal["embedded", "csv"] = "embedded"
+    path: str = "data/raw/text/texts.csv"
+    text_column: str = "text"
+    label_column: str = "label"
+    delimiter: str = Field(",", min_length=1, max_length=1)
+    vocab_size: int = Field(8000, ge=16, le=1_000_000)
+    min_frequency: int = Field(2, ge=1)
+    max_length: int = Field(48, ge=4, le=4096)
+    lowercase: bool = True
+    oov_buckets: int = Field(0, ge=0, le=1_000_000, description="hash words outside the vocabulary into this many ids")
+
+
+class DataParams(Section):
+    val_fraction: float = Field(0.1, gt=0, lt=0.5)
+    test_fraction: float = Field(0.2, gt=0, lt=0.5)
+    classification: ClassificationData = ClassificationData()
+    segmentation: SegmentationData = SegmentationData()
+    text: TextData = TextData()
+
+
+InitScheme = Literal["default", "kaiming", "xavier", "orthogonal", "normal"]
+
+
+class TrainParams(Section):
+    """Optimisation settings shared by the three training stages."""
+
+    init: InitScheme = "default"
+    epochs: int = Field(10, ge=1, le=10_000)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    batch_size: int = Field(128, ge=1, le=65536)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0, le=10)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    warmup_epochs: float = Field(0.0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    grad_clip: float | None = Field(1.0, gt=0)
+    accumulation_steps: int = Field(1, ge=1, le=1024)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    ema_decay: float | None = Field(None, gt=0, lt=1)
+    activation_checkpointing: bool = False
+    augment: bool = True
+    checkpoint_every_steps: int = Field(0, ge=0, description="0: a checkpoint at each epoch end only")
+
+
+class ClassifierParams(TrainParams):
+    arch: Literal["resnet_small", "resnet18", "mobilenet_v3_small", "efficientnet_b0"] = "resnet_small"
+    width: int = Field(32, ge=4, le=512)
+    pretrained: str | None = None
+    freeze_backbone: bool = False
+    head_lr: float | None = Field(None, gt=0, le=10)
+
+
+class SegmenterParams(TrainParams):
+    base_channels: int = Field(16, ge=4, le=256)
+    depth: int = Field(3, ge=1, le=6)
+    depthwise_separable: bool = False
+    dice_weight: float = Field(0.5, ge=0, le=10)
+    crop_size: int | None = Field(None, ge=8, le=8192, description="train on random square crops of this size "
+                                  "(null: whole images); val and test always see whole images")
+    inference_tile: int | None = Field(None, ge=16, le=8192, description="val/test: predict images larger than this "
+                                       "in overlapping tiles of this size (null: whole images at once)")
+
+
+class TextParams(TrainParams):
+    arch: Literal["transformer", "ngram_bag"] = "transformer"
+    d_model: int = Field(128, ge=8, le=4096)
+    n_heads: int = Field(4, ge=1, le=64)
+    n_layers: int = Field(2, ge=1, le=48)
+    dim_feedforward: int = Field(256, ge=8)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    pooling: Literal["mean", "cls"] = "mean"
+    embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
+    ngrams: int = Field(2, ge=1, le=3, description="ngram_bag: words and their 2..ngrams-grams")
+    buckets: int = Field(65536, ge=1, le=2**24, description="ngram_bag: hash buckets for the n-grams")
+    baseline_max_features: int = Field(50000, ge=10)
+    baseline_C: float = Field(1.0, gt=0)
+
+    @field_validator("n_heads")
+    @classmethod
+    def _heads_divide_width(cls, n_heads: int, info) -> int:
+        d_model = info.data.get("d_model")
+        if d_model is not None and d_model % n_heads:
+            raise ValueError(f"must divide text.d_model ({d_model})")
+        return n_heads
+
+
+class EvaluateParams(Section):
+    batch_size: int = Field(256, ge=1)
+    tta: bool = False
+    n_examples: int = Field(16, ge=1, le=256)
+
+
+class ProfileParams(Section):
+    batch_size: int = Field(64, ge=1)
+    warmup_steps: int = Field(3, ge=0)
+    steps: int = Field(5, ge=1)
+    repeats: int = Field(3, ge=1)
+    compile: bool = False
+    trace: bool = True
+
+
+class TrackingParams(Section):
+    enabled: bool = True
+    uri: str | None = None
+    experiment: str = Field("trainlab", min_length=1)
+    register_models: bool = True
+    fallback_to_local: bool = False
+    connect_timeout_s: float = Field(5, gt=0, le=120)
+    # Each MLflow HTTP request (MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES); calls that still fail stay queued
+    # and are retried in the background until the server answers again.
+    request_timeout_s: int = Field(10, ge=1, le=600)
+    request_retries: int = Field(1, ge=0, le=10)
+    outage_grace_s: float = Field(300, ge=0, le=86400)
+    queue_size: int = Field(10000, ge=10, le=1_000_000)
+
+
+class ScheduleParams(Section):
+    cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, cron: str) -> str:
+        from datetime import datetime
+
+        from cronsim import CronSim, CronSimError
+
+        try:
+            CronSim(cron, datetime(2026, 1, 1))
+        except CronSimError as exc:
+            raise ValueError(f"not a valid cron expression ({exc})") from None
+        return cron
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, tz: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("not a known IANA time zone (for example UTC, Europe/Berlin)") from None
+        return tz
+
+
+class Params(Section):
+    base: BaseParams = BaseParams()
+    data: DataParams = DataParams()
+    classifier: ClassifierParams = ClassifierParams()
+    segmenter: SegmenterParams = SegmenterParams()
+    text: TextParams = TextParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    profile: ProfileParams = ProfileParams()
+    tracking: TrackingParams = TrackingParams()
+    schedule: ScheduleParams = ScheduleParams()
+
+    def section_hash(self, *sections: str) -> str:
+        """A short stable hash of the named sections (all when none are named)."""
+        data = self.model_dump(mode="json", include=set(sections) or None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None) -> Params:
+    """Read and validate a params file; `overrides` maps dotted keys (``classifier.lr``) to values."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: params file not found") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError(_describe(exc, path, text)) from None
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ParamsError(f"override {dotted!r}: {key!r} is not a section")
+    node[leaf] = value
+
+
+def _describe(exc: ValidationError, path: Path, text: str) -> str:
+    lines = [f"{path}: invalid params ({exc.error_count()} problem{'s' * (exc.error_count() > 1)})"]
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc)
+        line = _line_of(text, loc)
+        where = f"{path}:{line}" if line else str(path)
+        if err["type"] == "extra_forbidden":
+            valid = _fields_at(loc[:-1])
+            close = difflib.get_close_matches(loc[-1], valid, n=1)
+            hint = f"; did you mean {'.'.join(loc[:-1] + close)!r}?" if close else ""
+            msg = f"unknown key{hint} Valid keys here: {', '.join(valid)}"
+        elif err["type"] == "literal_error":
+            msg = f"got {err['input']!r}; {err['msg'].lower()}"
+        else:
+            msg = f"got {err.get('input')!r}; {err['msg']}"
+        lines.append(f"  {key} ({where}): {msg}")
+    return "\n".join(lines)
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    model: type[BaseModel] = Params
+    for key in loc:
+        annotation = model.model_fields[key].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _line_of(text: str, loc: list[str]) -> int | None:
+    """The 1-based line of a key path in the YAML text, or of its deepest existing parent."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for k, v in node.value:
+            if k.value == key:
+                line, node = k.start_mark.line + 1, v
+                break
+        else:
+            break
+    return line

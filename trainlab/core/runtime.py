@@ -1,0 +1,111 @@
+"""Device and speed settings resolved once per run: device, precision, channels_last, compile, TF32."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trainlab.core.config import BaseParams
+from trainlab.core.repro import configure_determinism
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    precision: str  # fp32 | bf16 | fp16
+    channels_last: bool
+    compile: bool
+    tf32: bool
+    deterministic: bool
+    cudnn_benchmark: bool
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return None if self.precision == "fp32" else DTYPES[self.precision]
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.precision == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def describe(self) -> dict[str, str]:
+        return {f"runtime_{k}": str(v) for k, v in asdict(self).items()}
+
+
+@lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 (AVX-512 BF16 or AMX), where bf16 autocast pays off."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from trainlab.core.errors import ParamsError
+
+        raise ParamsError("base.device: 'cuda' requested but no CUDA device is available (use 'auto' or 'cpu')")
+    return torch.device(name)
+
+
+# On a GPU a small model's step is bound by kernel launches, not arithmetic, and autocast adds cast kernels: bf16
+# was slower than fp32 (TF32) for the classifier at batch 128 (28 GFLOP per training step), the segmenter at 32
+# (28 GFLOP) and the text model at 128 (11 GFLOP), and faster at 228 GFLOP (classifier, batch 1024) and 222 GFLOP
+# (segmenter, batch 256); one H200, 2026-11-30, eager and graphed steps. Below this many GFLOP per training step
+# `precision: auto` keeps fp32 on CUDA. A fixed rule, not a timing, so that the same params compute the same numbers.
+CUDA_BF16_MIN_TRAIN_GFLOP = 100.0
+
+
+def cuda_auto_precision(train_gflop_per_step: float) -> str:
+    """What `precision: auto` means on CUDA for a step of this many GFLOP (see CUDA_BF16_MIN_TRAIN_GFLOP)."""
+    if train_gflop_per_step < CUDA_BF16_MIN_TRAIN_GFLOP:
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """The precision for `name` before the model is known; on CUDA `auto` is settled per model by
+    trainlab.jobs.train.settle_auto_precision (bf16 here is its answer for a large step)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu":
+        return "bf16" if cpu_supports_bf16() else "fp32"
+    return "fp32"
+
+
+def resolve_runtime(base: BaseParams) -> Runtime:
+    """Resolve the base params into concrete settings and apply the global switches (determinism, TF32)."""
+    device = resolve_device(base.device)
+    flags = configure_determinism(base.deterministic, compiling=base.compile)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = base.tf32
+        torch.backends.cudnn.allow_tf32 = base.tf32
+    return Runtime(
+        device=device,
+        precision=resolve_precision(base.precision, device),
+        channels_last=base.channels_last,
+        compile=base.compile,
+        tf32=base.tf32 and device.type == "cuda",
+        deterministic=flags["deterministic"],
+        cudnn_benchmark=flags["cudnn_benchmark"],
+    )

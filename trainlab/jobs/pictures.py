@@ -1,0 +1,197 @@
+"""Evaluation pictures as matplotlib figures (Agg): misclassified grid, segmentation masks, attention, feature maps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from trainlab.core.atomic import atomic_path
+
+GRID_COLUMNS = 8
+BACKGROUND_COLOUR = (0.08, 0.08, 0.08, 1.0)
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure on the Agg canvas (no pyplot, no display, no global state)."""
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write a figure as PNG atomically."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(path)
+
+
+def image_array(image: torch.Tensor) -> np.ndarray:
+    """(C, H, W) uint8 -> (H, W) for one channel or (H, W, C) for three."""
+    array = image.detach().cpu().numpy()
+    return array[0] if array.shape[0] == 1 else np.moveaxis(array[:3], 0, -1)
+
+
+def show_image(ax, image: torch.Tensor) -> None:
+    ax.imshow(image_array(image), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    ax.set_axis_off()
+
+
+def message_figure(text: str) -> Figure:
+    fig = new_figure(4, 1.5)
+    ax = fig.add_subplot()
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=11)
+    ax.set_axis_off()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def misclassified_grid(images: torch.Tensor, actual: torch.Tensor, predicted: torch.Tensor, class_names: Sequence[str],
+                       indices: torch.Tensor | None = None, total_wrong: int | None = None,
+                       total: int | None = None) -> Figure:
+    """Misclassified test images in a grid, each titled with its true and predicted class."""
+    count = len(images)
+    total_wrong = count if total_wrong is None else total_wrong
+    if count == 0:
+        return message_figure(f"No misclassified test images (of {total or 0}).")
+    cols = min(GRID_COLUMNS, count)
+    rows = math.ceil(count / cols)
+    fig = new_figure(1.4 * cols, 1.55 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= count:
+            ax.set_axis_off()
+            continue
+        show_image(ax, images[k])
+        where = f"#{int(indices[k])} " if indices is not None else ""
+        ax.set_title(f"{where}true {class_names[int(actual[k])]}\npred {class_names[int(predicted[k])]}",
+                     fontsize=8, color="firebrick")
+    of = f" of {total}" if total is not None else ""
+    fig.suptitle(f"Misclassified test images: {count} shown, {total_wrong} wrong{of}", fontsize=10)
+    return fig
+
+
+def class_colours(class_names: Sequence[str]) -> ListedColormap:
+    """A fixed colour per class index: near-black for a 'background' class 0, qualitative colours for the rest."""
+    n = len(class_names)
+    background = bool(n) and class_names[0].lower() == "background"
+    palette = colormaps["tab10" if n - background <= 10 else "tab20"]
+    colours = [palette(i % palette.N) for i in range(n - background)]
+    return ListedColormap([BACKGROUND_COLOUR] * background + colours, name="classes")
+
+
+def segmentation_overlays(images: torch.Tensor, masks: torch.Tensor, predicted: torch.Tensor,
+                          class_names: Sequence[str]) -> Figure:
+    """For each canvas: the image, the true mask and the predicted mask, coloured by class, with a legend."""
+    count, n = len(images), len(class_names)
+    if count == 0:
+        return message_figure("No test canvases.")
+    cmap = class_colours(class_names)
+    fig = new_figure(7.5, 2.4 * count + 0.9)
+    axes = fig.subplots(count, 3, squeeze=False)
+    for k in range(count):
+        show_image(axes[k, 0], images[k])
+        wrong = int((predicted[k] != masks[k]).sum())
+        for ax, mask, title in ((axes[k, 1], masks[k], "truth"), (axes[k, 2], predicted[k], "prediction")):
+            ax.imshow(mask.detach().cpu().numpy(), cmap=cmap, vmin=-0.5, vmax=n - 0.5, interpolation="nearest")
+            ax.set_axis_off()
+            ax.set_title(title if title == "truth" else f"{title} ({wrong} of {masks[k].numel()} pixels wrong)",
+                         fontsize=9)
+        axes[k, 0].set_title(f"test canvas {k}", fontsize=9)
+    handles = [Patch(facecolor=cmap(i), edgecolor="0.5", label=name) for i, name in enumerate(class_names)]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(n, 6), fontsize=8, frameon=False)
+    return fig
+
+
+def attention_heatmaps(tokens: Sequence[Sequence[str]], attentions: Sequence[torch.Tensor],
+                       titles: Sequence[str] | None = None, empty: str = "No test texts.") -> Figure:
+    """One heatmap per text: attention from each token (rows, queries) to each token (columns, keys)."""
+    count = len(tokens)
+    if count == 0:
+        return message_figure(empty)
+    cols = min(2, count)
+    rows = math.ceil(count / cols)
+    fig = new_figure(6 * cols, 6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= count:
+            ax.set_axis_off()
+            continue
+        words, att = list(tokens[k]), attentions[k].detach().cpu().numpy()
+        image = ax.imshow(att, cmap="viridis", vmin=0, interpolation="nearest")
+        size = max(4.0, min(9.0, 220 / max(len(words), 1)))
+        ax.set_xticks(range(len(words)), words, rotation=90, fontsize=size)
+        ax.set_yticks(range(len(words)), words, fontsize=size)
+        ax.set_xlabel("attended token (key)", fontsize=8)
+        ax.set_ylabel("attending token (query)", fontsize=8)
+        ax.set_title(titles[k] if titles else f"test text {k}", fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.7)
+    fig.suptitle("Last-layer self-attention, mean over heads", fontsize=11)
+    return fig
+
+
+def ngram_bars(class_names: Sequence[str], ngrams: Sequence[Sequence[tuple[str, float]]],
+               empty: str = "No n-grams.") -> Figure:
+    """One horizontal bar chart per class: its most weighted n-grams (largest at the top)."""
+    shown = [(name, rows) for name, rows in zip(class_names, ngrams) if rows]
+    if not shown:
+        return message_figure(empty)
+    cols = min(3, len(shown))
+    rows_n = math.ceil(len(shown) / cols)
+    longest = max(len(rows) for _, rows in shown)
+    fig = new_figure(4.5 * cols, 0.28 * longest * rows_n + 1.2 * rows_n)
+    axes = fig.subplots(rows_n, cols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= len(shown):
+            ax.set_axis_off()
+            continue
+        name, rows = shown[k]
+        labels, values = [r[0] for r in rows][::-1], [r[1] for r in rows][::-1]
+        ax.barh(range(len(rows)), values, color="tab:blue")
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"class {name}", fontsize=9)
+    fig.suptitle("Most weighted n-grams per class (logit added, relative to the mean over classes)", fontsize=10)
+    return fig
+
+
+def feature_map_grid(images: torch.Tensor, features: dict[str, torch.Tensor]) -> Figure:
+    """Rows: test images; columns: the input, then the first channels of each chosen layer's feature map."""
+    count = len(images)
+    if count == 0 or not features:
+        return message_figure("No feature maps.")
+    columns = [(None, 0)] + [(name, c) for name, maps in features.items() for c in range(maps.shape[1])]
+    fig = new_figure(1.3 * len(columns), 1.4 * count + 0.5)
+    axes = fig.subplots(count, len(columns), squeeze=False)
+    for k in range(count):
+        for j, (name, channel) in enumerate(columns):
+            ax = axes[k, j]
+            if name is None:
+                show_image(ax, images[k])
+            else:
+                ax.imshow(features[name][k, channel].numpy(), cmap="magma", interpolation="nearest")
+                ax.set_axis_off()
+            if k == 0:
+                ax.set_title("input" if name is None else f"{name}\nch {channel}", fontsize=7)
+    fig.suptitle("Classifier feature maps (each map scaled to its own range)", fontsize=10)
+    return fig
+
+
+# picture kind (what a task's evaluation returns, trainlab.tasks.base.TaskCode.pictures) -> the function drawing it
+DRAW = {
+    "misclassified": misclassified_grid,
+    "segmentation": segmentation_overlays,
+    "attention": attention_heatmaps,
+    "feature_maps": feature_map_grid,
+    "ngrams": ngram_bars,
+}

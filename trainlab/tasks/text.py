@@ -1,0 +1,196 @@
+"""The text task: token ids to classes, cross-entropy, accuracy, measured against a TF-IDF baseline; its
+evaluation adds attention maps (Transformer) or the most weighted n-grams per class (n-gram bag)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab.core.config import TextParams
+from trainlab.core.errors import CheckpointError, DataError
+from trainlab.engine.task import Task
+from trainlab.models.text import build_text_model
+from trainlab.tasks.base import TaskCode, TrainingExtras
+from trainlab.tasks.metrics import metric_collection
+
+if TYPE_CHECKING:
+    from trainlab.core.config import Params
+    from trainlab.core.runtime import Runtime
+    from trainlab.tasks.scoring import TaskInputs, TaskReport
+
+TOP_NGRAMS = 12  # n-grams per class in the n-gram bag's picture
+
+
+def text_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0) -> Task:
+    def prepare(batch, train, gen):
+        return batch["tokens"], batch["labels"]
+
+    def loss_fn(logits, labels):
+        return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+
+    def metrics():
+        return metric_collection(num_classes, "accuracy", "macro_f1")
+
+    return Task("text", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=False)
+
+
+@torch.inference_mode()
+def attention_maps(model: nn.Module, tokens: torch.Tensor, pad_id: int, device: torch.device) -> list[torch.Tensor]:
+    """The last layer's attention, averaged over heads, for each text: (length, length) over its real tokens."""
+    model.eval()
+    _, attentions = model(tokens.to(device), return_attention=True)
+    last = attentions[-1].float().mean(dim=1).cpu()  # (K, L, L)
+    lengths = (tokens != pad_id).sum(dim=1).clamp(min=1).tolist()
+    return [att[:n, :n] for att, n in zip(last, lengths)]
+
+
+def decode_tokens(ids: torch.Tensor, vocab: list[str], pad_id: int) -> list[str]:
+    """Token strings of one id sequence, [CLS] and [UNK] kept, padding dropped; hashed words read ``<oov:k>``."""
+    from trainlab.data.tokenizer import token_name
+
+    return [token_name(vocab, i) for i in ids.tolist() if i != pad_id]
+
+
+@torch.inference_mode()
+def top_ngrams(model: nn.Module, tokens: torch.Tensor, vocab: list[str], class_count: int,
+               top: int = TOP_NGRAMS) -> list[list[tuple[str, float]]]:
+    """Per class, the n-grams of `tokens` (test texts) that add most to that class's logit in an n-gram bag, with
+    their weights. N-grams are named by their words; two n-grams sharing a hash bucket share a weight."""
+    from trainlab.data.tokenizer import token_name
+    from trainlab.models.ngram_bag import ngram_ids
+
+    model = copy.deepcopy(model).float().cpu().eval()  # a copy: the caller's model keeps its device and dtype
+    tokens = tokens.cpu()
+    bag = ngram_ids(tokens, model.vocab_size, model.ngrams, model.buckets, model.pad_id)
+    names: dict[int, str] = {}
+    length = tokens.size(1)
+    for row, bag_row in zip(tokens.tolist(), bag.tolist()):
+        # bag_row holds the words, then the 2-grams from each position, then the 3-grams, ... (see ngram_ids)
+        offset = 0
+        for n in range(1, model.ngrams + 1):
+            width = length - n + 1
+            for i in range(max(width, 0)):
+                bag_id = bag_row[offset + i]
+                if bag_id != model.pad_id and bag_id not in names:
+                    names[bag_id] = " ".join(token_name(vocab, t) for t in row[i:i + n])
+            offset += max(width, 0)
+    ids = torch.tensor(sorted(names), dtype=torch.long)
+    if len(ids) == 0:
+        return [[] for _ in range(class_count)]
+    scores = model.ngram_scores(ids)  # (K, classes)
+    # what sets a class apart: its score minus the mean over classes (a constant shift of all classes changes nothing)
+    contrast = scores - scores.mean(dim=1, keepdim=True)
+    out = []
+    for c in range(class_count):
+        values, order = contrast[:, c].topk(min(top, len(ids)))
+        out.append([(names[int(ids[i])], round(float(v), 4)) for v, i in zip(values, order)])
+    return out
+
+
+def text_baseline(params: Params, data_dir: Path, meta: dict, baseline_file: Path | None = None) -> dict:
+    """The TF-IDF + logistic regression bar for the text model, on the same split: read from `baseline_file` (the
+    text_baseline stage's output, fitted once per prepared data), or fitted now when none is given."""
+    from trainlab.tasks.text_baseline import read_baseline, tfidf_baseline
+
+    if baseline_file is not None:
+        return read_baseline(baseline_file)
+    t0 = time.perf_counter()
+    result = tfidf_baseline(data_dir, params.text.baseline_max_features, params.text.baseline_C,
+                            params.base.seed, meta["num_classes"])
+    print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
+          f"macro-F1 {result['macro_f1']:.4f} ({time.perf_counter() - t0:.1f} s)")
+    return result
+
+
+class TextCode(TaskCode):
+    spec_name = "text"
+    params_type = TextParams
+    builder = staticmethod(build_text_model)
+    pictures = {"attention": "attention.png", "ngrams": "text_ngrams.png"}
+
+    def sizes(self, meta: dict) -> dict[str, Any]:
+        return {"vocab_size": meta["vocab_size"], "num_classes": meta["num_classes"],
+                "max_length": meta["max_length"], "pad_id": meta.get("pad_id", 0)}
+
+    def expected_config(self, meta: dict) -> dict[str, Any]:
+        return {k: meta[k] for k in ("num_classes", "vocab_size", "max_length")}
+
+    def make_task(self, model: nn.Module, meta: dict, cfg: TextParams | None = None) -> Task:
+        return text_task(model, meta["num_classes"], cfg.label_smoothing if cfg is not None else 0.0)
+
+    def config_fields(self, fields: dict) -> dict:
+        if fields.get("arch") == "transformer_encoder":  # the config's name for text.arch transformer
+            fields["arch"] = "transformer"
+        return fields
+
+    def check_inputs(self, x: torch.Tensor, y: torch.Tensor, meta: dict, path: Path, meta_file: Path) -> None:
+        if x.ndim != 2 or x.shape[1] > meta["max_length"]:
+            raise DataError(f"{path}: tokens {tuple(x.shape)} do not fit max_length {meta['max_length']} of {meta_file}")
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= meta["vocab_size"]:
+            raise DataError(f"{path}: token ids {low}..{high} outside the vocabulary of {meta['vocab_size']} in "
+                            f"{meta_file}")
+
+    def training_extras(self, params: Params, data_dir: Path, meta: dict, options: dict[str, Any]) -> TrainingExtras:
+        baseline = text_baseline(params, data_dir, meta, options.get("baseline"))
+        return TrainingExtras(files={"tokenizer.json": data_dir / "tokenizer.json"}, json={"baseline.json": baseline},
+                              metrics={"baseline_test_accuracy": baseline["accuracy"],
+                                       "baseline_test_macro_f1": baseline["macro_f1"]})
+
+    def tta(self, meta: dict) -> str:
+        return "none"
+
+    def load_extras(self, inputs: TaskInputs) -> dict[str, Any]:
+        """The tokenizer vocabulary (checked against the model's copy) and the TF-IDF baseline's test results."""
+        from trainlab.data.tokenizer import Tokenizer
+        from trainlab.tasks.saved import read_json
+
+        data_file, model_file = inputs.data_dir / "tokenizer.json", inputs.model_dir / "tokenizer.json"
+        vocab = Tokenizer.load(data_file).vocab
+        if model_file.is_file() and Tokenizer.load(model_file).vocab != vocab:
+            raise CheckpointError(f"{model_file}: the model's vocabulary differs from {data_file}; the model was not "
+                                  "trained on this data (rerun `dvc repro train_text`)")
+        baseline_file = inputs.model_dir / "baseline.json"
+        baseline = read_json(baseline_file)
+        if not all(isinstance(baseline.get(k), (int, float)) for k in ("accuracy", "macro_f1")):
+            raise CheckpointError(f"{baseline_file}: expected numbers 'accuracy' and 'macro_f1'")
+        return {"vocab": vocab, "baseline": baseline}
+
+    def evaluate(self, inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskReport:
+        from trainlab.tasks.scoring import FEW_EXAMPLES, evaluate_labels
+
+        report, predicted = evaluate_labels(inputs, runtime, params)
+        baseline = inputs.extra["baseline"]
+        report.metrics["baseline_accuracy"] = round(float(baseline["accuracy"]), 6)
+        report.metrics["baseline_macro_f1"] = round(float(baseline["macro_f1"]), 6)
+        if baseline.get("confusion_matrix") is not None:
+            report.confusion["baseline_matrix"] = baseline["confusion_matrix"]
+        keep = min(FEW_EXAMPLES, params.evaluate.n_examples)
+        tokens, pad_id = inputs.test["tokens"][:keep], inputs.config.get("pad_id", 0)
+        names = report.confusion["labels"]
+        # each model shows what it has: attention maps (Transformer) or its most weighted n-grams (n-gram bag); the
+        # other picture says why it is empty, so that both declared outputs exist whatever text.arch is
+        if inputs.config.get("arch") == "ngram_bag":
+            report.pictures = {
+                "ngrams": {"class_names": names, "ngrams": top_ngrams(inputs.model, inputs.test["tokens"],
+                                                                      inputs.extra["vocab"], len(names))},
+                "attention": {"tokens": [], "attentions": [], "empty": "The n-gram bag model has no attention; "
+                              "its most weighted n-grams per class are in text_ngrams.png."}}
+            return report
+        report.pictures = {"attention": {
+            "tokens": [decode_tokens(t, inputs.extra["vocab"], pad_id) for t in tokens],
+            "attentions": attention_maps(inputs.model, tokens, pad_id, runtime.device),
+            "titles": [f"true {names[a]}, predicted {names[p]}"
+                       for a, p in zip(inputs.test["labels"][:keep].tolist(), predicted[:keep].tolist())],
+        }, "ngrams": {"class_names": names, "ngrams": [], "empty": "The Transformer has no n-gram weights; its "
+                      "attention maps are in attention.png."}}
+        return report
+
+
+CODE = TextCode()

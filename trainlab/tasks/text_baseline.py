@@ -1,0 +1,77 @@
+"""Classical text baseline: TF-IDF features + logistic regression (scikit-learn) on the same split as the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+from sklearn.pipeline import make_pipeline
+
+from trainlab.core.atomic import atomic_dir
+from trainlab.core.errors import DataError
+
+BASELINE_FILE = "baseline.json"
+
+
+def read_jsonl(path: Path) -> tuple[list[str], np.ndarray]:
+    texts, labels = [], []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (run the prepare stage)") from None
+    for i, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+            texts.append(row["text"])
+            labels.append(int(row["label"]))
+        except (ValueError, KeyError) as exc:
+            raise DataError(f"{path}:{i}: not a JSON object with 'text' and 'label' ({exc})") from None
+    return texts, np.asarray(labels)
+
+
+def tfidf_baseline(data_dir: Path, max_features: int, C: float, seed: int, num_classes: int) -> dict:
+    """Fit on train, score on test; returns accuracy, macro-F1 and the confusion matrix."""
+    x_train, y_train = read_jsonl(Path(data_dir) / "train.jsonl")
+    x_test, y_test = read_jsonl(Path(data_dir) / "test.jsonl")
+    pipe = make_pipeline(
+        TfidfVectorizer(ngram_range=(1, 2), max_features=max_features, sublinear_tf=True, min_df=2),
+        LogisticRegression(C=C, max_iter=2000, random_state=seed),
+    )
+    pipe.fit(x_train, y_train)
+    pred = pipe.predict(x_test)
+    return {
+        "accuracy": float(accuracy_score(y_test, pred)),
+        "macro_f1": float(f1_score(y_test, pred, average="macro")),
+        "confusion_matrix": confusion_matrix(y_test, pred, labels=list(range(num_classes))).tolist(),
+        "predictions": pred.tolist(),
+    }
+
+
+def write_baseline(params, data_dir: Path, out_dir: Path) -> dict:
+    """Fit the baseline on the prepared text data with params.text's settings; write out_dir/baseline.json."""
+    from trainlab.data.prepared import load_meta
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    meta = load_meta(data_dir)
+    result = tfidf_baseline(data_dir, params.text.baseline_max_features, params.text.baseline_C, params.base.seed,
+                            meta["num_classes"])
+    with atomic_dir(out_dir) as tmp:
+        (tmp / BASELINE_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline.json written by write_baseline; a DataError naming the file when it is missing or malformed."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (run `dvc repro text_baseline`)") from None
+    except ValueError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not all(isinstance(result.get(k), (int, float)) for k in ("accuracy", "macro_f1")):
+        raise DataError(f"{path}: expected numbers 'accuracy' and 'macro_f1' (run `dvc repro text_baseline`)")
+    return result

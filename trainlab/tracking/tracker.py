@@ -1,0 +1,275 @@
+"""The trackers a stage logs through: MlflowTracker (one MLflow run) and NullTracker (tracking off)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from trainlab.core.flatten import stringify, strings
+from trainlab.tracking.retry import already_exists, retry
+from trainlab.tracking.secrets import redact_value
+from trainlab.tracking.uri import global_tracking_uri
+
+if TYPE_CHECKING:
+    import torch
+
+
+
+T = TypeVar("T")
+
+
+def flatten_params(obj: Mapping[str, Any] | BaseModel) -> dict[str, str]:
+    """A pydantic model or nested mapping as dotted keys (``classifier.lr``) with string values."""
+    return strings(obj)
+
+
+
+class NullTracker:
+    """Tracking disabled: every method is a no-op and ``run_id`` is ''."""
+
+    run_id = ""
+    experiment_id = ""
+    tracking_uri = ""
+    last_model_uri: str | None = None
+
+    def log_params(self, params: Mapping[str, Any] | BaseModel) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        pass
+
+    def log_figure(self, fig: Any, artifact_file: str) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
+                  registered_model_name: str | None = None) -> str | None:
+        return None
+
+
+class MlflowTracker:
+    """One MLflow run, written through an explicit MlflowClient (no fluent active-run state)."""
+
+    end_deferred = False  # True: start_run leaves ending the run to a QueuedTracker (trainlab.tracking.queue)
+
+    def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str,
+                 register_models: bool = True) -> None:
+        self._client = client
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.tracking_uri = tracking_uri
+        self.register_models = register_models
+        self.last_model_uri: str | None = None
+
+    # -- params, metrics, tags -------------------------------------------------------------------------------------
+
+    def log_params(self, params: Mapping[str, Any] | BaseModel) -> None:
+        """Log (nested) params as dotted keys with string values, in batches MLflow accepts."""
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
+
+        items = [Param(k, redact_value(k, v)) for k, v in flatten_params(params).items()]
+        for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+            retry(self._client.log_batch, self.run_id, params=chunk)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None:
+        """Log metrics at ``step`` (0 when None) and ``timestamp_ms`` (now when None); NaN/inf values are skipped
+        with a warning."""
+        from mlflow.entities import Metric
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+        timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        items, skipped = [], []
+        for key, value in metrics.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}") from None
+            if math.isfinite(number):
+                items.append(Metric(key, number, timestamp, int(step or 0)))
+            else:
+                skipped.append(f"{key}={number}")
+        if skipped:
+            warnings.warn(f"not logging non-finite metric values at step {step}: {', '.join(skipped)}",
+                          RuntimeWarning, stacklevel=2)
+        for chunk in _chunks(items, MAX_METRICS_PER_BATCH):
+            retry(self._client.log_batch, self.run_id, metrics=chunk)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+        from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
+
+        items = [RunTag(str(k), redact_value(str(k), stringify(v))) for k, v in tags.items()]
+        for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+            retry(self._client.log_batch, self.run_id, tags=chunk)
+
+    # -- artifacts -------------------------------------------------------------------------------------------------
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Log a file, or a directory (kept under its own name), optionally inside ``artifact_path``."""
+        local = Path(path)
+        if not local.exists():
+            raise FileNotFoundError(f"cannot log artifact {local}: no such file or directory")
+        retry(self._client.log_artifact, self.run_id, str(local), artifact_path)
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        """Log a JSON (``.json``) or YAML (``.yaml``/``.yml``) artifact."""
+        retry(self._client.log_dict, self.run_id, redact_value("", data), artifact_file)
+
+    def log_figure(self, fig: Any, artifact_file: str) -> None:
+        """Log a matplotlib figure (PNG unless ``artifact_file`` names another image format)."""
+        if not Path(artifact_file).suffix:
+            artifact_file += ".png"
+        retry(self._client.log_figure, self.run_id, fig, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        retry(self._client.log_text, self.run_id, text, artifact_file)
+
+    # -- models ----------------------------------------------------------------------------------------------------
+
+    def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
+                  registered_model_name: str | None = None) -> str | None:
+        """Log a torch model (``name=``, MLflow 3) with an input example; register it when asked and allowed.
+
+        Saved in MLflow's safe 'pt2' format (torch.export of a CPU, eval-mode copy); a model that cannot be
+        exported falls back to 'pickle' with a warning. Pip requirements are pinned from the installed packages
+        (no inference subprocess, no network). Returns the registered version, or None when not registered
+        (no name given, or ``tracking.register_models`` is false).
+        """
+        if input_example is None:
+            raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
+                             "describe the model")
+        example = _example_array(input_example)
+        export_model, restore = _exportable(model)
+        try:
+            with global_tracking_uri(self.tracking_uri), warnings.catch_warnings():
+                # torch.export.save says this for channels_last weights; harmless for a CPU model.
+                warnings.filterwarnings("ignore", message="No complete tensor found in the group",
+                                        category=UserWarning)
+                info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
+        finally:
+            restore()
+        self.last_model_uri = info.model_uri
+        if not registered_model_name or not self.register_models:
+            return None
+        return self._register(info.model_id, registered_model_name)
+
+    def _log_model_as(self, model: Any, name: str, example: Any, fmt: str, fallback: bool) -> Any:
+        import mlflow
+        import mlflow.pytorch
+
+        run_params = retry(self._client.get_run, self.run_id).data.params
+        # Create the LoggedModel explicitly: without an active fluent run, log_model(run_id=...) alone would file
+        # the model under the Default experiment ('0') and its ./mlruns artifact root.
+        logged = retry(mlflow.initialize_logged_model, name=name, source_run_id=self.run_id,
+                        experiment_id=self.experiment_id, params=run_params)
+        try:
+            return mlflow.pytorch.log_model(
+                model, name=name, input_example=example, run_id=self.run_id, model_id=logged.model_id,
+                serialization_format=fmt, pip_requirements=mlflow.pytorch.get_default_pip_requirements())
+        except Exception as exc:
+            try:
+                self._client.delete_logged_model(logged.model_id)
+            except Exception:  # noqa: BLE001 - best-effort cleanup of the empty model entry
+                pass
+            if not fallback or not _raised_by_torch_export(exc):
+                raise
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            print(f"warning: torch.export could not trace model {name!r} ({type(exc).__name__}: {first_line}); "
+                  "logging it in MLflow's pickle format instead", file=sys.stderr)
+            return self._log_model_as(model, name, example, "pickle", fallback=False)
+
+    def _register(self, model_id: str, registered_model_name: str) -> str:
+        """Register ``models:/<model_id>`` as a new version (quietly, race-safely) and link it on the model."""
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        try:
+            retry(self._client.create_registered_model, registered_model_name)
+        except Exception as exc:
+            if not already_exists(exc):
+                raise
+        # The SQL registry resolves `models:/<id>` with MlflowClient(): the global tracking URI (an MLflow TODO).
+        with global_tracking_uri(self.tracking_uri):
+            version = retry(self._client.create_model_version, name=registered_model_name,
+                             source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id)
+        try:
+            logged = self._client.get_logged_model(model_id)
+            links = json.loads(logged.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+            links.append({"name": version.name, "version": version.version})
+            retry(self._client.set_logged_model_tags, model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(links)})
+        except Exception as exc:  # noqa: BLE001 - the version exists; the UI link is a nicety
+            warnings.warn(f"registered {registered_model_name} v{version.version} but could not link it on "
+                          f"the logged model: {exc}", RuntimeWarning, stacklevel=3)
+        return str(version.version)
+
+
+def _raised_by_torch_export(exc: BaseException) -> bool:
+    """True when the error came out of torch.export tracing (not from MLflow, the store or the network)."""
+    import traceback
+
+    markers = ("/torch/export/", "/torch/_export/", "/torch/_dynamo/")
+    frames = traceback.extract_tb(exc.__traceback__)
+    return type(exc).__module__.startswith("torch.") or any(m in f.filename.replace("\\", "/")
+                                                          for f in frames for m in markers)
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _example_array(example: Any) -> Any:
+    """A small numpy input example (first rows only, float32 for low-precision floats)."""
+    import numpy as np
+    import torch
+
+    if isinstance(example, torch.Tensor):
+        example = example.detach().cpu()
+        if example.is_floating_point() and example.dtype != torch.float64:
+            example = example.float()
+        example = example.numpy()
+    example = np.asarray(example)
+    if example.ndim >= 1 and example.shape[0] > 2:
+        example = example[:2]  # keep input_example.json small; >1 row keeps the batch dimension dynamic
+    return np.ascontiguousarray(example)
+
+
+def _exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], None]]:
+    """An eval-mode CPU model to export (a copy if it lives elsewhere), and how to restore the original's mode."""
+    import copy
+
+    import torch
+
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        model = model.module
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    has_low_precision = any(p.is_floating_point() and p.dtype in (torch.float16, torch.bfloat16)
+                            for p in model.parameters())
+    if on_cpu and not has_low_precision:
+        was_training = model.training
+        model.eval()
+        return model, lambda: model.train(was_training)
+    clone = copy.deepcopy(model).to("cpu").float().eval()
+    return clone, lambda: None
