@@ -114,6 +114,7 @@ SELECTIONS = {
     "-m full_pipeline": lambda node, marks: NOT_FULL in marks,
     "tests/pipelines": lambda node, marks: node.startswith("tests/pipelines/") and NOT_FULL not in marks,
     'tests/pipelines -m "not slow"': lambda node, marks: node.startswith("tests/pipelines/") and "slow" not in marks,
+    "tests/scaleout": lambda node, marks: node.startswith("tests/scaleout/") and NOT_FULL not in marks,
 }
 EVERYTHING = "-m 'full_pipeline or not full_pipeline'"  # a -m naming full_pipeline keeps it: every test
 
@@ -214,11 +215,19 @@ def collector() -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def result_of(proc: subprocess.Popen, marker: str) -> dict[str, dict]:
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    assert marker in out, out[-3000:]
+    return json.loads(out.rsplit(marker, 1)[1])
+
+
 @cache
 def collected() -> dict[str, dict]:
-    out, _ = collector().communicate(timeout=300)
-    assert "@@collected@@" in out, out[-3000:]
-    return json.loads(out.rsplit("@@collected@@", 1)[1])
+    return result_of(collector(), "@@collected@@")
 
 
 # --- one subprocess prints the --help of every module the docs run with `python -m` -------------------------------
@@ -258,16 +267,18 @@ def helper() -> subprocess.Popen:
 
 @cache
 def helps() -> dict[str, dict]:
-    out, _ = helper().communicate(timeout=300)
-    assert "@@help@@" in out, out[-3000:]
-    return json.loads(out.rsplit("@@help@@", 1)[1])
+    return result_of(helper(), "@@help@@")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def start_in_background():
-    """Both subprocesses start at once and run while the cheap checks run."""
-    collector(), helper()
+    """Both subprocesses start at once and run while the cheap checks run; stopped at the end if nobody read them."""
+    procs = collector(), helper()
     yield
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def node_exists(node: str) -> bool:
@@ -295,6 +306,12 @@ def test_every_shell_command_is_run_here_named_with_its_test_or_marked_not_run_h
     stale = [c for c in [*BY_TEST, *RUN_HERE] if c not in shown]
     assert not stale, f"entries for commands the docs no longer show: {stale}"
     assert all(c.not_run.strip() for c in commands if c.not_run is not None)
+
+
+def test_test_selections_named_in_the_text_are_checked_too():
+    inline = {m.removeprefix("scripts/test").strip() for path in LINKED_DOCS
+              for m in re.findall(r"`(scripts/test[^`]*)`", path.read_text())}
+    assert inline and not inline - set(SELECTIONS), f"add to SELECTIONS: {inline - set(SELECTIONS)}"
 
 
 def test_the_tests_named_for_doc_commands_exist():
