@@ -245,6 +245,8 @@ for module in json.loads(sys.argv[1]):
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             code = exc.code
+        except Exception as exc:  # e.g. a module the docs name that does not exist (any more)
+            code = f"{type(exc).__name__}: {exc}"
     result[module] = {"code": code, "help": out.getvalue()}
 sys.stdout.write("\n@@help@@" + json.dumps(result))
 """
