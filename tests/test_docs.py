@@ -428,6 +428,8 @@ def layout_folders() -> list[str]:
     assert "## Layout" in readme
     folders = []
     for _, line in block:
+        if not line.strip():
+            continue
         name = line.split()[0]
         if name.endswith("/"):
             folders.append(("trainlab/" if line.startswith("  ") else "") + name)
