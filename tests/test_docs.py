@@ -86,7 +86,7 @@ BY_TEST: dict[str, tuple[str, ...]] = {
     "python -m pipelines.compare text --promote": (
         "tests/pipelines/test_compare.py::test_cli_prints_the_table_and_says_why_it_does_not_promote",
         "tests/pipelines/test_compare.py::test_promotion_moves_champion_only_for_a_better_version"),
-    "python -m trainlab.replay": (
+    "python -m trainlab.tracking.replay": (
         "tests/reliability/test_outage.py::test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete_the_run",),
     "python -m benchmarks --quick --only classifier,mfu": (
         "tests/test_benchmarks.py::test_quick_classifier_and_mfu_parts_write_their_reports",),
@@ -379,7 +379,6 @@ def test_every_stage_answers_help():
         assert shown["code"] == 0 and f"python -m stages.{stage}" in shown["help"], shown["help"][-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="docs/errors.md says to pass --debug to a stage; no stage's --help shows it yet")
 def test_every_stage_help_shows_debug():
     assert all("--debug" in helps()[f"stages.{stage}"]["help"] for stage in STAGES)
 
@@ -436,8 +435,6 @@ def layout_folders() -> list[str]:
     return folders
 
 
-@pytest.mark.xfail(strict=True, reason="the README shows the layout the code is moving to (issue 17: trainlab/core, "
-                                       "tasks, tracking, jobs); remove this mark when the restructure lands")
 def test_the_readme_layout_names_folders_that_exist():
     folders = layout_folders()
     assert len(folders) > 10
