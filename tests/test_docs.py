@@ -29,7 +29,7 @@ BY_TEST: dict[str, tuple[str, ...]] = {
     # script; the full_pipeline test runs its `dvc repro --force` twice, test_summary its summary.
     "scripts/repro": (
         "tests/reliability/test_repro_twice.py::test_dvc_repro_force_twice_on_the_default_data_gives_identical_metrics",
-        "tests/test_summary.py::test_summary_shows_headline_metrics_times_and_the_fastest_setting"),
+        "tests/jobs/test_summary.py::test_summary_shows_headline_metrics_times_and_the_fastest_setting"),
     "scripts/repro train_classifier": (
         "tests/reliability/test_faults.py::test_kill_9_mid_epoch_then_dvc_repro_resumes_bitwise_equal",),
     # `dvc repro` with everything up to date: the flow's second run asks DVC stage by stage

@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trainlab.core import distributed
 from trainlab.core.config import BaseParams, DistributedParams, TrainParams
 from trainlab.engine.loop import fit
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
 

@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from trainlab.core.config import BaseParams, TrainParams
 from trainlab.engine.loop import TrainingInterrupted, evaluate, fit, scalars
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.core.errors import CheckpointError, TrainingDiverged
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime

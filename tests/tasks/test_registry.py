@@ -13,7 +13,7 @@ from torch import nn
 from trainlab import tasks
 from trainlab.core.config import ClassifierParams, Params
 from trainlab.data.prepared import save_meta, save_split
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.tasks.base import TaskCode
 from trainlab.tasks.metrics import metric_collection
 

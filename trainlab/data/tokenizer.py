@@ -101,10 +101,6 @@ class Tokenizer:
         """Ids (N, max_length) int64: [CLS] at position 0, [PAD] after the text."""
         return self.encode_with_lengths(texts)[0]
 
-    def decode(self, ids: Sequence[int]) -> list[str]:
-        """The tokens of an id sequence, special tokens dropped (for inspection); hashed words read ``<oov:k>``."""
-        return [token_name(self.vocab, i) for i in ids if i >= len(SPECIAL_TOKENS)]
-
     def to_dict(self) -> dict:
         return {"format": FORMAT, "lowercase": self.lowercase, "max_length": self.max_length, "pad_id": PAD_ID,
                 "unk_id": UNK_ID, "cls_id": CLS_ID, "oov_buckets": self.oov_buckets,

@@ -22,7 +22,7 @@ from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_s
                                        set_rng_state)
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
 from trainlab.core.runtime import Runtime
 

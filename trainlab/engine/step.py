@@ -10,7 +10,7 @@ from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.ema import EMA
 from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.core.repro import generator
 from trainlab.core.runtime import Runtime
 

@@ -15,7 +15,7 @@ from trainlab.core.atomic import atomic_dir, write_json, write_text
 from trainlab.core.config import Params
 from trainlab.core.flatten import numbers
 from trainlab.engine.batches import Batch
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.profiling.flops import flops_per_step
 from trainlab.profiling.memory import memory_kind, write_cuda_memory_snapshot
 from trainlab.profiling.peaks import datasheet_key, datasheet_peak_flops, matmul_peak_flops
@@ -194,7 +194,7 @@ def profile_one(item: Loaded, params: Params, runtime: Runtime, matrix: dict[str
                 log: Log) -> ModelProfile:
     """FLOPs, then every setting's throughput; the training setting's step (already warm) is then traced (and
     on CUDA its memory recorded)."""
-    cfg, train_cfg = params.profile, getattr(params, item.name)
+    cfg, train_cfg = params.profile, getattr(params, get(item.name).params_section)
     model = item.task.model
     flops = flops_per_step(item.task, item.batch)
     result = ModelProfile(task=item.name, arch=item.arch, parameters=sum(p.numel() for p in model.parameters()),

@@ -20,7 +20,7 @@ from trainlab.core import distributed
 from trainlab.core.atomic import atomic_dir, atomic_path, process_lock, write_json, writing
 from trainlab.core.config import Params, TrainParams
 from trainlab.engine.loop import FitResult, evaluate, fit, scalars
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.core.errors import CheckpointError
 from trainlab.core.repro import environment, seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
@@ -64,7 +64,7 @@ def settle_auto_precision(runtime: Runtime, requested: str, task: Task, train: d
 
 def fingerprint(params: Params, name: str, data_dir: Path) -> str:
     """Identifies a training run's inputs: a checkpoint is resumed only when this matches."""
-    h = hashlib.sha256(params.section_hash("base", name).encode())
+    h = hashlib.sha256(params.section_hash("base", get(name).params_section).encode())
     for f in sorted(data_dir.glob("*")):
         if f.is_file():
             h.update(f.name.encode())

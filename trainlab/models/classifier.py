@@ -13,7 +13,6 @@ from trainlab.core.errors import CheckpointError
 from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 
-TORCHVISION_ARCHS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0")  # torchvision.models builders by name
 
 
 class BasicBlock(nn.Module):

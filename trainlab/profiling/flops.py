@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from trainlab.engine.batches import Batch
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 
 aten = torch.ops.aten
 

@@ -15,7 +15,7 @@ from torch import nn
 from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import synchronize
 from trainlab.core.runtime import Runtime, cpu_supports_bf16
@@ -157,24 +157,13 @@ def _summary(prefix: str, timing: Timing, batch_size: int, peak_mb: float) -> di
 
 def measure_steps(built: Steps, device: torch.device, batch_size: int, steps: int, warmup: int, repeats: int,
                   budget_s: float | None = None) -> dict[str, float]:
-    """Time the training step, then the inference step, of `built` (see measure_throughput for the keys)."""
+    """Train and inference samples/s (medians over `repeats` runs of `steps` steps, warm-up excluded), step
+    times, spread and peak memory of the steps `built` (make_steps: a copy of the task's model). `budget_s` caps the
+    seconds of each of the two measurements (see time_step). Keys: train_/infer_ + samples_per_s, step_ms, spread,
+    steps (timed per repeat), warmup_steps, warmup_s, peak_memory_mb."""
     result: dict[str, float] = {}
     for phase, step in (("train", built.train), ("infer", built.infer)):
         with PeakMemory(device) as memory:
             timing = time_step(step, device, steps, warmup, repeats, budget_s)
         result.update(_summary(phase, timing, batch_size, memory.peak_mb))
     return result
-
-
-def measure_throughput(task: Task, runtime: Runtime, batch: Batch, steps: int, warmup: int, repeats: int,
-                       cfg: TrainParams | None = None, seed: int = 0,
-                       budget_s: float | None = None) -> dict[str, float]:
-    """Train and inference samples/s (medians over `repeats` runs of `steps` steps, warm-up excluded), step
-    times, spread and peak memory of `task` under `runtime`, on `batch` (already on the device).
-
-    `cfg` supplies the optimizer, grad clipping and augmentation (default: TrainParams()). `budget_s` caps the
-    seconds of each of the two measurements (see time_step). Keys: train_/infer_ + samples_per_s, step_ms,
-    spread, steps (timed per repeat), warmup_steps, warmup_s, peak_memory_mb. `task.model` is not modified.
-    """
-    built = make_steps(task, runtime, batch, cfg or TrainParams(), seed)
-    return measure_steps(built, runtime.device, len(next(iter(batch.values()))), steps, warmup, repeats, budget_s)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainlab.core.errors import CheckpointError, DataError
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params, TrainParams

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab.core.config import ClassifierParams
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.models.classifier import build_classifier
 from trainlab.tasks.augment import random_hflip, random_shift, to_float_images
 from trainlab.tasks.base import TaskCode

@@ -11,7 +11,7 @@ from torch import nn
 
 from trainlab.core.config import SegmenterParams
 from trainlab.core.errors import DataError
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.models.segmenter import build_segmenter
 from trainlab.tasks.augment import random_crop, random_shift, random_symmetry, to_float_images
 from trainlab.tasks.base import TaskCode

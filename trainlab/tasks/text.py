@@ -14,7 +14,7 @@ from torch import nn
 
 from trainlab.core.config import TextParams
 from trainlab.core.errors import CheckpointError, DataError
-from trainlab.engine.task import Task
+from trainlab.engine.contract import Task
 from trainlab.models.text import build_text_model
 from trainlab.tasks.base import TaskCode, TrainingExtras
 from trainlab.tasks.metrics import metric_collection

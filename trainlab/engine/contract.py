@@ -1,4 +1,4 @@
-"""What differs between the three tasks: the model, the loss, the metrics and the batch transform, not the loop."""
+"""The engine's contract with a task: the model, the loss, the metrics and the batch transform (not the loop)."""
 
 from __future__ import annotations
 

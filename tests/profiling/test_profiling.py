@@ -16,7 +16,7 @@ from trainlab.core.config import BaseParams, ClassifierParams, Params, TrainPara
 from trainlab.profiling.flops import count_flops, flops_per_step
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import datasheet_peak_flops, matmul_peak_flops
-from trainlab.profiling.throughput import measure_throughput, setting_name, settings_matrix, time_step
+from trainlab.profiling.throughput import make_steps, measure_steps, setting_name, settings_matrix, time_step
 from trainlab.profiling.peaks import datasheet_peak_for_name
 from trainlab.profiling.report import DeviceProfile, ModelProfile, markdown_report, metrics_dict
 from trainlab.profiling.traces import trace_step
@@ -137,11 +137,12 @@ def test_time_step_fits_a_budget():
     assert (full.steps, full.warmup_steps, len(full.per_step)) == (4, 2, 3)
 
 
-def test_measure_throughput_runs_the_real_step_on_a_copy():
+def test_measuring_runs_the_real_step_on_a_copy():
     task = tiny_classifier_task()
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
-    result = measure_throughput(task, cpu_runtime(channels_last=True), image_batch(8), steps=2, warmup=1,
-                                repeats=2, cfg=TrainParams(lr=0.1))
+    batch = image_batch(8)
+    built = make_steps(task, cpu_runtime(channels_last=True), batch, TrainParams(lr=0.1), seed=0)
+    result = measure_steps(built, torch.device("cpu"), 8, steps=2, warmup=1, repeats=2)
     for phase in ("train", "infer"):
         assert result[f"{phase}_samples_per_s"] > 0
         assert result[f"{phase}_step_ms"] > 0
