@@ -11,7 +11,7 @@ import pytest
 from trainlab.core.config import Params, load_params
 from trainlab.core.errors import ParamsError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -17,7 +17,7 @@ from trainlab.core.repro import derived_seed, environment, generator, seed_every
 from trainlab.core.runtime import cpu_supports_bf16, resolve_runtime
 from trainlab.tasks.augment import random_shift
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_runtime_resolves_precision_from_the_cpu():

@@ -28,7 +28,7 @@ from trainlab.tracking.uri import mlflow_client, resolve_tracking_uri
 
 mlflow = pytest.importorskip("mlflow")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PARAMS_FILE = REPO / "params.yaml"
 
 
