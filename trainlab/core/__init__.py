@@ -1,1 +1,2 @@
-"""The core: params, errors, atomic writes, seeds and determinism, the runtime, DDP setup, the CLI wrapper."""
+"""The core: params, errors, atomic writes, seeds and determinism, the runtime, DDP setup, the CLI wrapper,
+flattening nested params and metrics."""

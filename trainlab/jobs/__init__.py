@@ -1,1 +1,2 @@
-"""The stage bodies: prepare, train, evaluate, profile, the text baseline, the summary (stages/ holds their command lines)."""
+"""The stage bodies: prepare, train (and its command line), evaluate, profile, the summary and the pictures
+(stages/ holds the command lines; the text baseline is the text task's, in trainlab.tasks.text_baseline)."""

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from trainlab.core.config import Params
-from trainlab.core.errors import CheckpointError
+from trainlab.core.errors import CheckpointError, DataError
 from trainlab.core.flatten import numbers
 from trainlab.core.runtime import Runtime
 from trainlab.tasks import get, names
@@ -71,8 +71,6 @@ def load_inputs(name: str, data_root: Path, models_root: Path, device: torch.dev
 
 
 def check_model_matches_meta(inputs: TaskInputs) -> None:
-    from trainlab.core.errors import DataError
-
     meta_file, config_file = inputs.data_dir / "meta.json", inputs.model_dir / "config.json"
     missing = [k for k in get(inputs.name).meta_keys if k not in inputs.meta]
     if missing:
