@@ -65,10 +65,10 @@ def main(argv: list[str]) -> None:
                 back = time.monotonic() - started
             output = proc.communicate()[0]
             wall = time.monotonic() - started
-            info = json.loads((ws / "models/classifier/info.json").read_text()) if proc.returncode == 0 else {}
-            results[label] = {"exit": proc.returncode, "wall_s": round(wall, 1), "run_id": info.get("run_id"),
-                              "train_time_s": json.loads((ws / "reports/classifier/timing.json").read_text())
-                              .get("train_time_s") if proc.returncode == 0 else None}
+            record = ws / "reports/classifier/run.json"  # the run id and timings (git-ignored)
+            run = json.loads(record.read_text()) if proc.returncode == 0 and record.exists() else {}
+            results[label] = {"exit": proc.returncode, "wall_s": round(wall, 1), "run_id": run.get("mlflow_run_id"),
+                              "train_time_s": run.get("timing", {}).get("train_time_s")}
             if label == "disturbed":
                 results[label].update(killed_at_s=round(killed, 1), back_at_s=round(back, 1),
                                       warned="MLflow server not answering" in output)

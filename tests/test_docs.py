@@ -92,14 +92,17 @@ BY_TEST: dict[str, tuple[str, ...]] = {
         "tests/test_benchmarks.py::test_quick_classifier_and_mfu_parts_write_their_reports",),
 }
 
+# The narrow experiment table docs/reproducibility.md gives: each model's test figure and the params most changed.
+HEADLINE_KEEP = r"^(Experiment|Created)$|.*test_(accuracy|mean_iou)|.*\.(arch|epochs|lr|batch_size|seed)$"
+HEADLINE_TABLE = f"dvc exp show --drop '.*' --keep '{HEADLINE_KEEP}'"
+
 # Cheap, offline commands this check runs itself (in the repo, reading the committed reports): command -> argv.
 RUN_HERE: dict[str, list[str]] = {
     "dvc metrics show": ["dvc", "metrics", "show"],
     "dvc plots show": ["dvc", "plots", "show", "-o", "{tmp}/dvc_plots"],  # written to tmp, not the repo
     "dvc exp show": ["dvc", "exp", "show", "--no-pager"],
     "dvc exp show --only-changed": ["dvc", "exp", "show", "--only-changed", "--no-pager"],
-    "dvc exp show --drop '^(stages|trainlab|data|models)/'": [
-        "dvc", "exp", "show", "--drop", "^(stages|trainlab|data|models)/", "--no-pager"],
+    HEADLINE_TABLE: ["dvc", "exp", "show", "--drop", ".*", "--keep", HEADLINE_KEEP, "--no-pager"],
 }
 
 # `scripts/test ARGS` selections the docs show -> what every selected test must be (by its markers and path).
@@ -337,6 +340,17 @@ def test_cheap_commands_run(command, tmp_path):
     proc = subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=REPO, env=run_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+
+
+def test_the_headline_experiment_table_is_narrow_and_shows_every_models_test_figure():
+    proc = subprocess.run([str(BIN / "dvc"), "exp", "show", "--csv", "--drop", ".*", "--keep", HEADLINE_KEEP],
+                          cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    columns = proc.stdout.splitlines()[0].split(",")
+    assert len(columns) <= 30, columns
+    for metric in ("reports/classifier/metrics.json:test_accuracy", "test_mean_iou",
+                   "reports/text/metrics.json:test_accuracy", "classifier.lr"):
+        assert metric in columns, (metric, columns)
 
 
 def test_the_cron_the_docs_deploy_with_comes_from_params():

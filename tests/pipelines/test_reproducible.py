@@ -1,19 +1,20 @@
 """What git and dvc.lock track is reproducible, and DVC's run-cache restores every stage but profile: real `dvc repro`
-of the tiny pipeline in fresh clones, with each clone's own MLflow store."""
+of the tiny pipeline in fresh clones of the repo the pipeline flow ran in, with each clone's own MLflow store."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.pipelines.conftest import BIN, GIT_IDENTITY, commit_all, git, make_tiny_repo
+from tests.pipelines.conftest import BIN, GIT_IDENTITY, commit_all, git
 from trainlab.tracking.lineage import file_md5
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 RESTORABLE = ("prepare", "train_classifier", "train_segmenter", "train_text", "evaluate")
 
@@ -51,11 +52,13 @@ def clone(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def committed(tmp_path_factory) -> Path:
-    """The tiny repo after one `dvc repro`, with dvc.lock and the reports committed (as the project commits them)."""
-    root = make_tiny_repo(tmp_path_factory.mktemp("repro") / "repo")
-    repro(root)
-    commit_all(root, "dvc.lock and reports")
+def committed(first_pipeline_run, tiny_repo, tmp_path_factory) -> Path:
+    """A copy of the tiny repo after its pipeline run (the flow's `dvc repro`: every stage ran), with dvc.lock and
+    the reports committed as the project commits them. Copied, so these tests' commits and param edits stay here."""
+    root = tmp_path_factory.mktemp("repro") / "repo"
+    shutil.copytree(tiny_repo, root, symlinks=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    commit_all(root, "dvc.lock and reports")  # its own MLflow store from here on
+    assert changed_files(root) == []
     return root
 
 
@@ -93,7 +96,7 @@ def test_changed_params_then_changed_back_restore_the_trained_model(committed):
     params_file = committed / "params.yaml"
     original = params_file.read_text()
     model = committed / "models/classifier/model.safetensors"
-    trained_md5, runs_before = file_md5(model), runs_by_stage(committed)["train_classifier"]
+    trained_md5, runs_before = file_md5(model), runs_by_stage(committed).get("train_classifier", 0)
     params = yaml.safe_load(original)
     params["classifier"]["lr"] = params["classifier"]["lr"] * 3
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))

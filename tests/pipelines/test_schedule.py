@@ -61,7 +61,8 @@ def test_served_flow_runs_on_its_schedule_and_promotes_champions(first_pipeline_
     try:
         done = wait_for_completed_run("trainlab-retrain/every-5s", proc, log, SCHEDULED_RUN_TIMEOUT_S)
     finally:
-        stop_process_group(proc, signal.SIGINT)  # like Ctrl+C: the runner pauses the schedule as it stops
+        # like Ctrl+C: the runner pauses the schedule as it stops, after the run it may have started meanwhile
+        stop_process_group(proc, signal.SIGINT, timeout=240)
 
     assert done[0].deployment_id is not None and done[0].auto_scheduled
     deployment, _ = deployment_runs("trainlab-retrain/every-5s")

@@ -47,6 +47,18 @@ def wait_for(predicate, proc: subprocess.Popen, log: Path, timeout_s: float, wha
     pytest.fail(f"no {what} within {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
+def deployment_exists(api_url: str, name: str) -> bool:
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+            client.read_deployment_by_name(name)
+            return True
+    except Exception:  # noqa: BLE001 - not registered yet
+        return False
+
+
 def completed_scheduled_runs(api_url: str) -> list:
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
@@ -72,7 +84,7 @@ def test_serve_with_no_server_configured_starts_one_whose_schedule_runs_the_job(
         done = wait_for(lambda: completed_scheduled_runs(api_url), proc, log, SCHEDULED_RUN_TIMEOUT_S,
                         "completed scheduled run")
         proc.send_signal(signal.SIGTERM)  # the serving process only, as `kill PID` would
-        returncode = proc.wait(timeout=90)
+        returncode = proc.wait(timeout=180)  # a scheduled run already started finishes first
     finally:
         stop_process_group(proc)
     output = log.read_text()
@@ -91,9 +103,11 @@ def test_serve_reuses_a_running_local_server_and_leaves_it_running(prefect_serve
     proc = start_serve(repo, serve_env(prefect_server.home, port), log, "--interval", "3600", "--name", "reuse")
     try:
         wait_for(lambda: "serving reuse" in log.read_text(), proc, log, 120, "serving line")
-        time.sleep(3)
+        wait_for(lambda: deployment_exists(prefect_server.api_url, "trainlab-retrain/reuse"), proc, log, 120,
+                 "deployment registered by the runner")
+        time.sleep(3)  # the runner polls from here on: Ctrl+C stops a serving process, not one still starting
         proc.send_signal(signal.SIGINT)  # Ctrl+C
-        returncode = proc.wait(timeout=90)
+        returncode = proc.wait(timeout=180)  # a scheduled run already started finishes first
     finally:
         stop_process_group(proc)
     output = log.read_text()

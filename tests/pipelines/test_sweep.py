@@ -1,4 +1,4 @@
-"""A 4-point sweep with concurrency 2 on the tiny repo: 4 DVC experiments and 4 MLflow runs with distinct params."""
+"""A 3-point sweep with concurrency 2 on the tiny repo: 3 DVC experiments and 3 MLflow runs with distinct params."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.pipelines.conftest import BIN, dvc, stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-GRID = {"classifier.lr": [0.001, 0.002], "classifier.weight_decay": [0.0, 0.01]}
+GRID = {"classifier.lr": [0.001, 0.002, 0.003], "classifier.weight_decay": [0.01]}  # more points than slots
 
 
 def overlapping(intervals: list[tuple[int, int]]) -> bool:
@@ -29,7 +29,7 @@ def test_sweep_runs_points_two_at_a_time_as_experiments_and_mlflow_runs(first_pi
     params_before = (tiny_env / "params.yaml").read_text()
     summary = sweep(grid=GRID, concurrency=2, name="grid", targets=["train_classifier"], root=str(tiny_env))
 
-    assert summary["ok"] and [p["name"] for p in summary["points"]] == ["grid-01", "grid-02", "grid-03", "grid-04"]
+    assert summary["ok"] and [p["name"] for p in summary["points"]] == ["grid-01", "grid-02", "grid-03"]
     for point in summary["points"]:
         statuses = {s["stage"]: s["status"] for s in point["stages"]}
         assert statuses == {"prepare": "skipped", "train_classifier": "ran"}, statuses
@@ -37,24 +37,22 @@ def test_sweep_runs_points_two_at_a_time_as_experiments_and_mlflow_runs(first_pi
     # every point is a DVC experiment with its own params
     shown = json.loads(dvc(["exp", "show", "--json"], tiny_env).stdout)
     exps = {e["name"]: e["data"] for b in shown for exp in (b.get("experiments") or []) for e in exp["revs"]}
-    points = {n: exps[n]["params"]["params.yaml"]["data"]["classifier"] for n in
-              ("grid-01", "grid-02", "grid-03", "grid-04")}
-    assert {(p["lr"], p["weight_decay"]) for p in points.values()} == {(0.001, 0.0), (0.001, 0.01),
-                                                                        (0.002, 0.0), (0.002, 0.01)}
+    points = {n: exps[n]["params"]["params.yaml"]["data"]["classifier"] for n in ("grid-01", "grid-02", "grid-03")}
+    assert {(p["lr"], p["weight_decay"]) for p in points.values()} == {(0.001, 0.01), (0.002, 0.01), (0.003, 0.01)}
     assert all("test_accuracy" in exps[n]["metrics"]["reports/classifier/metrics.json"]["data"] for n in points)
 
     # every point is an MLflow run with its params, its training run nested under it; two ran at once
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tiny_env / 'mlflow.db'}")
     runs = [client.get_run(p["mlflow_run_id"]) for p in summary["points"]]
     assert {(r.data.params["classifier.lr"], r.data.params["classifier.weight_decay"]) for r in runs} == {
-        ("0.001", "0.0"), ("0.001", "0.01"), ("0.002", "0.0"), ("0.002", "0.01")}
+        ("0.001", "0.01"), ("0.002", "0.01"), ("0.003", "0.01")}
     assert {r.data.params["dvc_experiment"] for r in runs} == set(points)
     assert overlapping([(r.info.start_time, r.info.end_time) for r in runs])
     trained = [client.search_runs([r.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{r.info.run_id}'")
                for r in runs]
-    assert [len(t) for t in trained] == [1, 1, 1, 1]
+    assert [len(t) for t in trained] == [1, 1, 1]
     assert len({t[0].data.params["classifier.lr"] + "/" + t[0].data.params["classifier.weight_decay"]
-                for t in trained}) == 4
+                for t in trained}) == 3
 
     # the workspace itself is untouched
     assert (tiny_env / "params.yaml").read_text() == params_before
