@@ -1,4 +1,5 @@
-"""Tests for the n-gram bag text model: hashed n-gram ids, padding left out, scores per n-gram, config round trip."""
+"""Tests for the n-gram bag text models (fastText-style and NB-weighted): hashed n-gram ids, padding left out, scores
+per n-gram, NB log-count ratios, config and weights round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from trainlab.core.config import TextParams
 from trainlab.models.text import build_text_model
 from trainlab.tasks import build_from_config
-from trainlab.models.ngram_bag import NgramBag, ngram_ids
+from trainlab.models.ngram_bag import NBNgramBag, NgramBag, log_count_ratios, ngram_ids
 
 PAD, CLS, VOCAB, MAX_LEN = 0, 2, 50, 16
 
@@ -111,3 +112,94 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
         first = model(t)
         torch.manual_seed(1)
         assert not torch.allclose(first, model(t))
+
+
+# The NB-weighted bag (text.arch nb_bag) ---------------------------------------------------------------------------
+
+def nb_params(**overrides):
+    return TextParams(**{"arch": "nb_bag", "ngrams": 2, "buckets": 64, **overrides})
+
+
+def test_log_count_ratios_count_each_feature_once_per_text_one_class_against_the_rest():
+    ids = torch.tensor([[5, 5, 6, PAD], [6, 7, PAD, PAD], [7, 7, 7, 5]])
+    labels = torch.tensor([0, 1, 1])
+    r = log_count_ratios(ids, labels, num_features=8, num_classes=2, pad_id=PAD, alpha=1.0)
+    assert r.shape == (8, 2)
+    # texts holding each feature (binarised): class 0 has {5, 6}; class 1 has {6, 7} and {5, 7}
+    counts = {0: torch.zeros(8), 1: torch.zeros(8)}
+    for f in (5, 6):
+        counts[0][f] += 1
+    for f in (6, 7, 5, 7):
+        counts[1][f] += 1
+    for c, other in ((0, 1), (1, 0)):
+        p, q = counts[c] + 1, counts[other] + 1
+        expected = (p / p.sum()).log() - (q / q.sum()).log()
+        expected[PAD] = 0
+        torch.testing.assert_close(r[:, c], expected)
+    assert r[7, 1] > 0 > r[7, 0]  # 7 occurs only in class 1
+
+
+def test_nb_bag_logits_shape_padding_left_out_and_scores_add_up():
+    model = build_text_model(nb_params(), VOCAB, num_classes=3, max_length=MAX_LEN)
+    assert isinstance(model, NBNgramBag) and model.config["arch"] == "nb_bag"
+    t = tokens()
+    model.fit_ratios(t, torch.tensor([0, 2]))
+    torch.nn.init.normal_(model.weight)  # learnt from zero: give it weights to look at
+    model.eval()
+    longer = torch.cat([t, torch.full((2, 5), PAD)], 1)
+    with torch.no_grad():
+        out = model(t)
+        assert out.shape == (2, 3)
+        torch.testing.assert_close(model(longer), out)
+        ids = model.ids(t[:1])[0]
+        real = ids[ids != PAD]
+        torch.testing.assert_close(out[0], model.ngram_scores(real).mean(0) + model.bias, rtol=1e-5, atol=1e-6)
+
+
+def test_nb_bag_dropout_drops_ngrams_in_training_only():
+    model = build_text_model(nb_params(dropout=0.5), VOCAB, 2, MAX_LEN)
+    torch.nn.init.normal_(model.weight)
+    t = tokens()
+    with torch.no_grad():
+        model.eval()
+        torch.testing.assert_close(model(t), model(t))
+        model.train()
+        torch.manual_seed(0)
+        first = model(t)
+        torch.manual_seed(1)
+        assert not torch.allclose(first, model(t))
+
+
+def test_nb_bag_ratios_travel_with_the_weights_and_rebuild_identical_logits(tmp_path):
+    """Saved like a training stage saves (safetensors + config.json), loaded like evaluate loads: same logits."""
+    from trainlab.jobs.train import save_model
+    from trainlab.tasks.saved import load_saved_model
+
+    model = build_text_model(nb_params(ngrams=3, buckets=32), VOCAB, 2, MAX_LEN)
+    model.fit_ratios(tokens(), torch.tensor([0, 1]))
+    torch.nn.init.normal_(model.weight)
+    save_model(model, tmp_path / "model")
+    again = load_saved_model(tmp_path / "model", "text").model
+    assert isinstance(again, NBNgramBag) and again.config == model.config
+    assert torch.equal(again.ratios, model.ratios) and not torch.equal(again.ratios, torch.ones_like(again.ratios))
+    with torch.no_grad():
+        assert torch.equal(again(tokens()), model.eval()(tokens()))
+
+
+def test_nb_bag_same_seed_same_numbers():
+    x = torch.randint(3, VOCAB, (32, 10))
+    y = (x[:, 1] % 2).long()
+
+    def train(seed):
+        torch.manual_seed(seed)
+        model = build_text_model(nb_params(dropout=0.3), VOCAB, 2, MAX_LEN)
+        model.fit_ratios(x, y)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return model.weight.detach().clone()
+
+    assert torch.equal(train(0), train(0))
+    assert not torch.equal(train(0), train(1))  # the seed reaches the n-gram dropout

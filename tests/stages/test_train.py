@@ -207,3 +207,42 @@ def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_train
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "again" / "baseline.json").read_text())["accuracy"] == written["accuracy"]
+
+
+def test_nb_bag_ratios_come_from_the_training_split_and_are_saved_with_the_model(workspace, tmp_path):
+    """train_text with text.arch nb_bag: the saved model holds the log-count ratios of the prepared train split (not
+    of val or test), and the model rebuilt from its folder scores the test split as the training stage did."""
+    from safetensors.torch import load_file
+
+    from trainlab.data.prepared import load_split
+    from trainlab.models.ngram_bag import log_count_ratios, ngram_ids
+
+    copy = tmp_path / "nb"
+    shutil.copytree(workspace / "data/prepared/text", copy / "data/prepared/text")
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["tracking"] = {"enabled": False}
+    params["base"]["precision"] = "fp32"
+    params["text"] = {**params["text"], "arch": "nb_bag", "lr": 0.2, "buckets": 4096, "dropout": 0.3}
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([sys.executable, "-m", "stages.train_text", "data/prepared/text", "models/text",
+                           "reports/text"], cwd=copy, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = copy / "data/prepared/text"
+    meta = json.loads((data / "meta.json").read_text())
+    splits = {s: load_split(data, s) for s in ("train", "val", "test")}
+
+    def ratios_of(split):
+        ids = ngram_ids(splits[split]["tokens"], meta["vocab_size"], 2, 4096, meta["pad_id"])
+        return log_count_ratios(ids, splits[split]["labels"], meta["vocab_size"] + 4096, meta["num_classes"],
+                                meta["pad_id"])
+
+    saved_ratios = load_file(str(copy / "models/text/model.safetensors"))["ratios"]
+    assert torch.equal(saved_ratios, ratios_of("train"))
+    assert not torch.equal(saved_ratios, ratios_of("val"))
+    saved = load_saved_model(copy / "models/text", "text")
+    with torch.no_grad():
+        predicted = saved.model(splits["test"]["tokens"]).argmax(1)
+    accuracy = (predicted == splits["test"]["labels"]).double().mean().item()
+    assert accuracy == pytest.approx(saved.info["test"]["accuracy"], abs=1e-6)
+    assert accuracy > 0.5  # 3 classes: chance is about 0.4 (the largest class)

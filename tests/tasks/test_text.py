@@ -13,20 +13,24 @@ from trainlab.core.config import Params, TextParams
 from trainlab.jobs.prepare import prepare_segmentation, segmentation_symmetries
 from trainlab.data.thin_structures import write_paired_folders
 from trainlab.core.errors import DataError
-from trainlab.tasks.text import top_ngrams
-from trainlab.models.text import build_text_model
+from trainlab.models.ngram_bag import log_count_ratios
+from trainlab.tasks.text import CODE, top_ngrams
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "good", "bad", "movie", "not"]
 
 
-def trained_bag():
+META = {"num_classes": 2, "vocab_size": len(VOCAB), "max_length": 8, "pad_id": 0}
+
+
+def trained_bag(arch="ngram_bag"):
     """An n-gram bag fitted on 'good movie' and 'not bad' (class 1), 'bad movie' and 'not good' (class 0): the
     single words occur in both classes, so only the bigrams decide."""
     torch.manual_seed(0)
-    model = build_text_model(TextParams(arch="ngram_bag", d_model=8, buckets=256), len(VOCAB), 2, 8)
     g, b, m, n = 3, 4, 5, 6
     x = torch.tensor([[2, g, m], [2, n, b], [2, b, m], [2, n, g]])
     y = torch.tensor([1, 1, 0, 0])
+    # built as training builds it: the NB bag's ratios from this training split
+    model = CODE.build_task(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y}).model
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     for _ in range(100):
         opt.zero_grad()
@@ -35,14 +39,26 @@ def trained_bag():
     return model, x
 
 
-def test_top_ngrams_name_words_and_bigrams_that_decide_each_class():
-    model, x = trained_bag()
+@pytest.mark.parametrize("arch", ["ngram_bag", "nb_bag"])
+def test_top_ngrams_name_words_and_bigrams_that_decide_each_class(arch):
+    model, x = trained_bag(arch)
     tops = top_ngrams(model, x, VOCAB, class_count=2, top=3)
     assert len(tops) == 2 and all(len(t) == 3 for t in tops)
     negative, positive = [[name for name, _ in t] for t in tops]
     assert {"not bad", "good movie"} <= set(positive)
     assert {"not good", "bad movie"} <= set(negative)
     assert all(s1 >= s2 for t in tops for (_, s1), (_, s2) in zip(t, t[1:]))  # largest first
+
+
+def test_nb_bag_statistics_come_from_the_training_split_given_to_build_task():
+    train = {"tokens": torch.tensor([[2, 3, 5], [2, 4, 5], [2, 3, 3]]), "labels": torch.tensor([1, 0, 1])}
+    cfg = TextParams(arch="nb_bag", buckets=16)
+    model = CODE.build_task(cfg, META, train).model
+    expected = log_count_ratios(model.ids(train["tokens"]), train["labels"], len(VOCAB) + 16, 2, pad_id=0)
+    assert torch.equal(model.ratios, expected)
+    assert model.ratios[3, 1] > 0 > model.ratios[4, 1]  # 'good' only in class 1, 'bad' only in class 0
+    # built without data (profiling, rebuilding a saved model): an unweighted bag until weights are loaded
+    assert torch.equal(CODE.build_task(cfg, META).model.ratios, torch.ones(len(VOCAB) + 16, 2))
 
 
 def test_ngram_bars_draw_one_chart_per_class(tmp_path):

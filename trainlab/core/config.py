@@ -129,7 +129,7 @@ class SegmenterParams(TrainParams):
 
 
 class TextParams(TrainParams):
-    arch: Literal["transformer", "ngram_bag"] = "transformer"
+    arch: Literal["transformer", "ngram_bag", "nb_bag"] = "transformer"
     d_model: int = Field(128, ge=8, le=4096)
     n_heads: int = Field(4, ge=1, le=64)
     n_layers: int = Field(2, ge=1, le=48)
@@ -137,8 +137,8 @@ class TextParams(TrainParams):
     dropout: float = Field(0.1, ge=0, lt=1)
     pooling: Literal["mean", "cls"] = "mean"
     embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
-    ngrams: int = Field(2, ge=1, le=3, description="ngram_bag: words and their 2..ngrams-grams")
-    buckets: int = Field(65536, ge=1, le=2**24, description="ngram_bag: hash buckets for the n-grams")
+    ngrams: int = Field(2, ge=1, le=3, description="n-gram bags: words and their 2..ngrams-grams")
+    buckets: int = Field(65536, ge=1, le=2**24, description="n-gram bags: hash buckets for the n-grams")
     baseline_max_features: int = Field(50000, ge=10)
     baseline_C: float = Field(1.0, gt=0)
 

@@ -1,5 +1,5 @@
 """Text classifiers: a Transformer encoder (token + position embeddings, pre-norm SDPA blocks, pooled linear head)
-and the n-gram bag of trainlab.models.ngram_bag, chosen by text.arch."""
+and the n-gram bags of trainlab.models.ngram_bag (fastText-style or NB-weighted), chosen by text.arch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 from trainlab.core.config import TextParams
 from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
-from trainlab.models.ngram_bag import NgramBag
+from trainlab.models.ngram_bag import NBNgramBag, NgramBag
 
 
 class SelfAttention(nn.Module):
@@ -114,6 +114,11 @@ def build_text_model(p: TextParams, vocab_size: int, num_classes: int, max_lengt
         # its own fastText init (trainlab.models.ngram_bag), not text.init
         model.config = {"task": "text", "arch": "ngram_bag", "d_model": p.d_model, "ngrams": p.ngrams,
                         "buckets": p.buckets, "dropout": p.dropout, **sizes}
+        return model
+    if p.arch == "nb_bag":
+        model = NBNgramBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.dropout)
+        model.config = {"task": "text", "arch": "nb_bag", "ngrams": p.ngrams, "buckets": p.buckets,
+                        "dropout": p.dropout, **sizes}
         return model
     model = TextTransformer(vocab_size, num_classes, max_length, pad_id, p.d_model, p.n_heads, p.n_layers,
                             p.dim_feedforward, p.dropout, p.pooling, p.activation_checkpointing, p.embedding_dropout)

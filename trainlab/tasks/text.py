@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trainlab.tasks.scoring import TaskInputs, TaskReport
 
 TOP_NGRAMS = 12  # n-grams per class in the n-gram bag's picture
+NGRAM_ARCHS = ("ngram_bag", "nb_bag")  # text.arch values whose picture is the n-gram table
 
 
 def text_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0) -> Task:
@@ -143,6 +144,10 @@ class TextCode(TaskCode):
                               metrics={"baseline_test_accuracy": baseline["accuracy"],
                                        "baseline_test_macro_f1": baseline["macro_f1"]})
 
+    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor]) -> None:
+        if hasattr(model, "fit_ratios"):  # the NB-weighted bag: log-count ratios of the training split
+            model.fit_ratios(train["tokens"], train["labels"])
+
     def tta(self, meta: dict) -> str:
         return "none"
 
@@ -176,7 +181,7 @@ class TextCode(TaskCode):
         names = report.confusion["labels"]
         # each model shows what it has: attention maps (Transformer) or its most weighted n-grams (n-gram bag); the
         # other picture says why it is empty, so that both declared outputs exist whatever text.arch is
-        if inputs.config.get("arch") == "ngram_bag":
+        if inputs.config.get("arch") in NGRAM_ARCHS:
             report.pictures = {
                 "ngrams": {"class_names": names, "ngrams": top_ngrams(inputs.model, inputs.test["tokens"],
                                                                       inputs.extra["vocab"], len(names))},
