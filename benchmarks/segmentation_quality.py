@@ -17,16 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, PartResult, log, quiet_stderr, table
+from benchmarks.common import REPO, CpuClock, PartResult, log, quiet_stderr, table
 
 # The few-large-images setting: 30 images (21 train, 3 val, 6 test with the default fractions).
 IMAGES, SIZE = 30, 256
-TARGET_DICE = 0.85  # the issue's target for the thin class within 5 minutes of CPU training
-# 21 training images in batches of 7 crops: 3 optimizer steps per epoch; 60 epochs are 180 steps of 7 crops
-# of 128x128 (the compute of about 180 default-segmenter steps of 28 canvases of 64x64) plus 60 validations.
+TARGET_DICE = 0.85  # the issue's target for the thin class ...
+TARGET_TRAIN_S = 300  # ... within 5 minutes of training on the 2-core CPU
+# 21 training images in batches of 7 crops: 3 optimizer steps per epoch; 30 epochs are 90 steps of 7 crops
+# of 128x128 plus 30 validations (measured 2026-12-01 on the shared 2-core CPU: boundary Dice 0.901 after 70 s of
+# training; 60 epochs gave 0.923 in twice the compute).
 CONTENDERS: dict[str, dict[str, Any]] = {
-    "crops+dihedral": {"data.segmentation.symmetries": "dihedral", "segmenter.crop_size": 128,
-                       "segmenter.batch_size": 7, "segmenter.epochs": 60, "segmenter.lr": 0.005,
+    # the U-Net's size is pinned here, so that the figures do not move with the default segmenter's params
+    "crops+dihedral": {"segmenter.base_channels": 16, "segmenter.depth": 3,
+                       "data.segmentation.symmetries": "dihedral", "segmenter.crop_size": 128,
+                       "segmenter.batch_size": 7, "segmenter.epochs": 30, "segmenter.lr": 0.005,
                        "segmenter.warmup_epochs": 5, "segmenter.dice_weight": 1.0},
 }
 
@@ -53,11 +57,25 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
     seed_everything(params.base.seed)
     task = build_task("segmenter", params, meta)
     cfg = params.segmenter
-    with quiet_stderr():
+    with quiet_stderr(), CpuClock() as clock:
         result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed, eval_batch_size=4)
     test = scalars(evaluate(task, result.model, splits["test"], runtime, 4))
+    # train_time_s: the engine's training time (validation excluded); fit_cpu_s: process CPU seconds of the whole
+    # fit, validations included (with fit_wall_s it shows how much of a shared machine the run got)
     return {**{k: v for k, v in test.items() if k != "loss"}, "train_time_s": result.train_time_s,
-            "epochs": len(result.history)}
+            "fit_wall_s": clock.wall, "fit_cpu_s": clock.cpu, "epochs": len(result.history)}
+
+
+def met(figures: dict[str, Any]) -> bool:
+    """The issue's target: boundary Dice >= TARGET_DICE after at most TARGET_TRAIN_S seconds of training."""
+    return figures["dice_boundary"] >= TARGET_DICE and figures["train_time_s"] <= TARGET_TRAIN_S
+
+
+def verdict(figures: dict[str, Any]) -> str:
+    """One line: the boundary Dice and the training time, each beside its target."""
+    return (f"boundary Dice {figures['dice_boundary']:.4f} (target >= {TARGET_DICE}) after "
+            f"{figures['train_time_s']:.0f} s of training (target <= {TARGET_TRAIN_S} s): "
+            f"{'met' if met(figures) else 'MISSED'}")
 
 
 def measure(images: int, size: int, contenders: dict[str, dict[str, Any]], seed: int = 42) -> dict[str, Any]:
@@ -74,23 +92,25 @@ def measure(images: int, size: int, contenders: dict[str, dict[str, Any]], seed:
             figures = train_and_test(params, folder)
             figures["samples"] = stats["samples"]
             out["contenders"][name] = figures
-            log(f"segmentation_quality {name}: boundary Dice {figures['dice_boundary']:.4f}, IoU "
-                f"{figures['iou_boundary']:.4f}; mean IoU {figures['mean_iou']:.4f}; "
-                f"{figures['train_time_s']:.0f} s")
+            log(f"segmentation_quality {name}: {verdict(figures)}; boundary IoU {figures['iou_boundary']:.4f}, "
+                f"mean IoU {figures['mean_iou']:.4f}")
     return out
 
 
 def markdown(results: dict[str, Any]) -> str:
-    rows = [[name, f"{m['dice_boundary']:.4f}", f"{m['iou_boundary']:.4f}", f"{m['dice_cell']:.4f}",
-             f"{m['mean_iou']:.4f}", f"{m['train_time_s']:.0f}",
-             "met" if m["dice_boundary"] >= TARGET_DICE and m["train_time_s"] <= 300 else "MISSED"]
+    rows = [[name, f"{m['dice_boundary']:.4f}", f"{m['train_time_s']:.0f}", "met" if met(m) else "MISSED",
+             f"{m['iou_boundary']:.4f}", f"{m['dice_cell']:.4f}", f"{m['mean_iou']:.4f}",
+             f"{m['fit_wall_s']:.0f} / {m['fit_cpu_s']:.0f}"]
             for name, m in results["contenders"].items()]
     return "\n".join([
         "## segmentation_quality", "",
         f"Synthetic cell boundaries (trainlab.data.thin_structures): {results['images']} grey images of "
         f"{results['size']}x{results['size']}, split like user data; test figures on whole images. Target: boundary "
-        f"Dice >= {TARGET_DICE} within 300 s of training.", "",
-        table(["setting", "boundary Dice", "boundary IoU", "cell Dice", "mean IoU", "train s", "target"], rows)])
+        f"Dice >= {TARGET_DICE} within {TARGET_TRAIN_S} s of training. train s: the engine's training time "
+        "(validations excluded); fit wall / CPU s: the whole fit with its validations, in wall and process CPU "
+        "seconds (CPU well under 2 x wall: the run shared the machine).", "",
+        table(["setting", f"boundary Dice (>= {TARGET_DICE})", f"train s (<= {TARGET_TRAIN_S})", "target",
+               "boundary IoU", "cell Dice", "mean IoU", "fit wall / CPU s"], rows)])
 
 
 def run(quick: bool = False) -> PartResult:

@@ -106,7 +106,7 @@ class Doubler(torch.nn.Module):
 def test_flatten_params_dotted_string_values(params):
     flat = flatten_params(params)
     assert flat["classifier.lr"] == str(params.classifier.lr)
-    assert flat["data.segmentation.canvas_size"] == "64"
+    assert flat["data.segmentation.canvas_size"] == str(params.data.segmentation.canvas_size)
     assert flat["classifier.pretrained"] == "None"
     assert all(isinstance(v, str) for v in flat.values())
     assert flatten_params({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": True}) == {"a.b.c": "1", "a.d": "[1, 2]",
