@@ -100,10 +100,8 @@ def test_transformer_config_still_round_trips():
     assert again.config == model.config and again.embedding_dropout == 0.2
 
 
-def test_embedding_dropout_drops_whole_words_in_training_only():
-    model = build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32, dropout=0.0,
-                                        embedding_dropout=0.5), VOCAB, 4, MAX_LEN)
-    t = tokens()
+def assert_random_only_in_training(model, t):
+    """The same output twice in eval mode; different outputs for different seeds in training mode."""
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(t), model(t))
@@ -112,6 +110,12 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
         first = model(t)
         torch.manual_seed(1)
         assert not torch.allclose(first, model(t))
+
+
+def test_embedding_dropout_drops_whole_words_in_training_only():
+    model = build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32, dropout=0.0,
+                                        embedding_dropout=0.5), VOCAB, 4, MAX_LEN)
+    assert_random_only_in_training(model, tokens())
 
 
 # The NB-weighted bag (text.arch nb_bag) ---------------------------------------------------------------------------
@@ -159,15 +163,7 @@ def test_nb_bag_logits_shape_padding_left_out_and_scores_add_up():
 def test_nb_bag_dropout_drops_ngrams_in_training_only():
     model = build_text_model(nb_params(dropout=0.5), VOCAB, 2, MAX_LEN)
     torch.nn.init.normal_(model.weight)
-    t = tokens()
-    with torch.no_grad():
-        model.eval()
-        torch.testing.assert_close(model(t), model(t))
-        model.train()
-        torch.manual_seed(0)
-        first = model(t)
-        torch.manual_seed(1)
-        assert not torch.allclose(first, model(t))
+    assert_random_only_in_training(model, tokens())
 
 
 def test_nb_bag_ratios_travel_with_the_weights_and_rebuild_identical_logits(tmp_path):
