@@ -73,7 +73,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
     runtime = resolve_runtime(params.base)
     seed_everything(params.base.seed)
     t0 = time.perf_counter()
-    task = build_task("text", params, meta, splits["train"])  # with the statistics of the training split
+    task = build_task("text", params, meta, splits["train"], folder)  # with the statistics of the training split
     statistics_s = time.perf_counter() - t0
     cfg = params.text
     with quiet_stderr():

@@ -21,14 +21,14 @@ from trainlab.tracking.lineage import file_md5
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
 TINY = {
-    "base": {"seed": 3, "precision": "fp32"},  # the nb_bag test compares the fp32 rebuild with the stage
+    "base": {"seed": 3, "precision": "fp32"},  # the text bag test compares the fp32 rebuild with the stage
     "data": {"segmentation": {"canvases_per_digit": 0.06, "canvas_size": 32, "max_digits": 2},
              "text": {"vocab_size": 2000, "max_length": 32}},
     "classifier": {**TRAIN, "width": 8, "batch_size": 128},
     "segmenter": {**TRAIN, "base_channels": 8, "depth": 2, "batch_size": 32},
-    # the NB-weighted n-gram bag: seconds on 26,700 tweets (the Transformer runs in tests/pipelines' tiny pipeline)
-    "text": {**TRAIN, "arch": "nb_bag", "lr": 0.2, "buckets": 4096, "dropout": 0.3, "batch_size": 512,
-             "baseline_max_features": 5000},
+    # the default TF-IDF bag: seconds on 26,000 tweets (the Transformer runs in tests/pipelines' tiny pipeline)
+    "text": {**TRAIN, "arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "buckets": 4096, "char_buckets": 4096,
+             "batch_size": 512, "baseline_max_features": 5000},
 }
 STAGES = {"classifier": (train_classifier, "classification"), "segmenter": (train_segmenter, "segmentation"),
           "text": (train_text, "text")}
@@ -210,27 +210,32 @@ def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_train
     assert json.loads((tmp_path / "again" / "baseline.json").read_text())["accuracy"] == written["accuracy"]
 
 
-def test_nb_bag_ratios_come_from_the_training_split_and_are_saved_with_the_model(trained):
-    """train_text with text.arch nb_bag: the saved model holds the log-count ratios of the prepared train split (not
-    of val or test), and the model rebuilt from its folder scores the test split as the training stage did."""
+def test_text_bag_statistics_come_from_the_training_split_and_are_saved_with_the_model(trained):
+    """train_text with text.arch tfidf_bag: the saved model holds the idf of the prepared train split (not of val)
+    and the character n-grams of the prepared tokenizer's words, and the model rebuilt from its folder scores the
+    test split as the training stage did."""
     from safetensors.torch import load_file
 
+    from trainlab.core.config import TextParams
     from trainlab.data.prepared import load_split
-    from trainlab.models.ngram_bag import log_count_ratios, ngram_ids
+    from trainlab.data.tokenizer import Tokenizer
+    from trainlab.models.text import build_text_model
 
-    buckets = TINY["text"]["buckets"]
     data = trained / "data/prepared/text"
     meta = json.loads((data / "meta.json").read_text())
     splits = {s: load_split(data, s) for s in ("train", "val", "test")}
+    cfg = TextParams(**{k: v for k, v in TINY["text"].items() if k in TextParams.model_fields})
 
-    def ratios_of(split):
-        ids = ngram_ids(splits[split]["tokens"], meta["vocab_size"], 2, buckets, meta["pad_id"])
-        return log_count_ratios(ids, splits[split]["labels"], meta["vocab_size"] + buckets, meta["num_classes"],
-                                meta["pad_id"])
+    def statistics_of(split):
+        model = build_text_model(cfg, meta["vocab_size"], meta["num_classes"], meta["max_length"], meta["pad_id"])
+        model.fit_vocabulary(Tokenizer.load(data / "tokenizer.json").vocab)
+        model.fit_idf(splits[split]["tokens"])
+        return model.idf, model.char_table
 
-    saved_ratios = load_file(str(trained / "models/text/model.safetensors"))["ratios"]
-    assert torch.equal(saved_ratios, ratios_of("train"))
-    assert not torch.equal(saved_ratios, ratios_of("val"))
+    saved_tensors = load_file(str(trained / "models/text/model.safetensors"))
+    idf, char_table = statistics_of("train")
+    assert torch.equal(saved_tensors["idf"], idf) and torch.equal(saved_tensors["char_table"], char_table)
+    assert not torch.equal(saved_tensors["idf"], statistics_of("val")[0])
     saved = load_saved_model(trained / "models/text", "text")
     with torch.no_grad():
         predicted = saved.model(splits["test"]["tokens"]).argmax(1)

@@ -4,6 +4,7 @@ segmentation symmetries recorded in meta.json; the batch-size error names the la
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -22,15 +23,19 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "good", "bad", "movie", "not"]
 META = {"num_classes": 2, "vocab_size": len(VOCAB), "max_length": 8, "pad_id": 0}
 
 
-def trained_bag(arch="ngram_bag"):
+def trained_bag(arch, data_dir):
     """An n-gram bag fitted on 'good movie' and 'not bad' (class 1), 'bad movie' and 'not good' (class 0): the
     single words occur in both classes, so only the bigrams decide."""
+    from trainlab.data.tokenizer import Tokenizer
+
     torch.manual_seed(0)
     g, b, m, n = 3, 4, 5, 6
     x = torch.tensor([[2, g, m], [2, n, b], [2, b, m], [2, n, g]])
     y = torch.tensor([1, 1, 0, 0])
-    # built as training builds it: the NB bag's ratios from this training split
-    model = CODE.build_task(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y}).model
+    Tokenizer(VOCAB, max_length=8).save(data_dir / "tokenizer.json")
+    # built as training builds it: the bags' statistics from this training split and its tokenizer
+    model = CODE.build_task(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y},
+                            data_dir).model
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     for _ in range(100):
         opt.zero_grad()
@@ -39,9 +44,9 @@ def trained_bag(arch="ngram_bag"):
     return model, x
 
 
-@pytest.mark.parametrize("arch", ["ngram_bag", "nb_bag"])
-def test_top_ngrams_name_words_and_bigrams_that_decide_each_class(arch):
-    model, x = trained_bag(arch)
+@pytest.mark.parametrize("arch", ["ngram_bag", "nb_bag", "tfidf_bag"])
+def test_top_ngrams_name_words_and_bigrams_that_decide_each_class(arch, tmp_path):
+    model, x = trained_bag(arch, tmp_path)
     tops = top_ngrams(model, x, VOCAB, class_count=2, top=3)
     assert len(tops) == 2 and all(len(t) == 3 for t in tops)
     negative, positive = [[name for name, _ in t] for t in tops]
@@ -59,6 +64,22 @@ def test_nb_bag_statistics_come_from_the_training_split_given_to_build_task():
     assert model.ratios[3, 1] > 0 > model.ratios[4, 1]  # 'good' only in class 1, 'bad' only in class 0
     # built without data (profiling, rebuilding a saved model): an unweighted bag until weights are loaded
     assert torch.equal(CODE.build_task(cfg, META).model.ratios, torch.ones(len(VOCAB) + 16, 2))
+
+
+def test_tfidf_bag_statistics_come_from_the_training_split_and_the_prepared_tokenizer(tmp_path):
+    from trainlab.data.tokenizer import Tokenizer
+    from trainlab.models.tfidf_bag import char_ngram_table
+
+    train = {"tokens": torch.tensor([[2, 3, 5], [2, 4, 5], [2, 3, 3]]), "labels": torch.tensor([1, 0, 1])}
+    cfg = TextParams(arch="tfidf_bag", buckets=16, char_buckets=32)
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        CODE.build_task(cfg, META, train)
+    Tokenizer(VOCAB, max_length=8).save(tmp_path / "tokenizer.json")
+    model = CODE.build_task(cfg, META, train, tmp_path).model
+    assert torch.equal(model.char_table, char_ngram_table(VOCAB, len(VOCAB), 3, 5, 32, len(VOCAB) + 16, 0))
+    n = 3  # 'movie' (id 5) is in two of the three texts, 'not' (id 6) in none
+    assert model.idf[5].item() == pytest.approx(math.log((1 + n) / (1 + 2)) + 1)
+    assert model.idf[6] == 0
 
 
 def test_ngram_bars_draw_one_chart_per_class(tmp_path):

@@ -129,7 +129,7 @@ class SegmenterParams(TrainParams):
 
 
 class TextParams(TrainParams):
-    arch: Literal["transformer", "ngram_bag", "nb_bag"] = "transformer"
+    arch: Literal["transformer", "ngram_bag", "nb_bag", "tfidf_bag"] = "transformer"
     d_model: int = Field(128, ge=8, le=4096)
     n_heads: int = Field(4, ge=1, le=64)
     n_layers: int = Field(2, ge=1, le=48)
@@ -139,6 +139,9 @@ class TextParams(TrainParams):
     embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
     ngrams: int = Field(2, ge=1, le=3, description="n-gram bags: words and their 2..ngrams-grams")
     buckets: int = Field(65536, ge=1, le=2**24, description="n-gram bags: hash buckets for the n-grams")
+    char_ngrams: tuple[int, int] | None = Field((3, 5), description="tfidf_bag: [low, high] characters of the "
+                                                "n-grams of each word, or null for none")
+    char_buckets: int = Field(65536, ge=1, le=2**24, description="tfidf_bag: hash buckets for character n-grams")
     baseline_max_features: int = Field(50000, ge=10)
     baseline_C: float = Field(1.0, gt=0)
 
@@ -149,6 +152,13 @@ class TextParams(TrainParams):
         if d_model is not None and d_model % n_heads:
             raise ValueError(f"must divide text.d_model ({d_model})")
         return n_heads
+
+    @field_validator("char_ngrams")
+    @classmethod
+    def _char_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1] <= 8:
+            raise ValueError(f"must be [low, high] with 1 <= low <= high <= 8, got {list(value)}")
+        return value
 
 
 class EvaluateParams(Section):

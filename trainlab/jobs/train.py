@@ -40,11 +40,12 @@ class TrainOutcome:
     seconds: float
 
 
-def build_task(name: str, params: Params, meta: dict, train: dict[str, torch.Tensor] | None = None) -> Task:
-    """The model and Task for `name` (trainlab.tasks), sized from the prepared data's meta.json; with `train`, the
-    model's statistics of the training split are set (the NB-weighted text bag's log-count ratios)."""
+def build_task(name: str, params: Params, meta: dict, train: dict[str, torch.Tensor] | None = None,
+               data_dir: Path | None = None) -> Task:
+    """The model and Task for `name` (trainlab.tasks), sized from the prepared data's meta.json; with `train` and
+    its prepared folder, the model's statistics of the training split are set (the text bags' NB ratios or idf)."""
     spec = get(name)
-    return spec.load().build_task(getattr(params, spec.params_section), meta, train)
+    return spec.load().build_task(getattr(params, spec.params_section), meta, train, data_dir)
 
 
 def settle_auto_precision(runtime: Runtime, requested: str, task: Task, train: dict[str, torch.Tensor],
@@ -141,7 +142,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     if ctx.enabled and runtime.device.type == "cuda":
         runtime = dataclasses.replace(runtime, device=torch.device("cuda", ctx.local_rank))
     seed_everything(seed)
-    task = build_task(name, params, meta, splits["train"])
+    task = build_task(name, params, meta, splits["train"], data_dir)
     runtime = settle_auto_precision(runtime, params.base.precision, task, splits["train"], cfg.batch_size)
     # torch.optim imports torch._dynamo (about 1 s) when the first optimizer is built: import it here, before the
     # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL. (Not `import

@@ -1,5 +1,6 @@
-"""Text classifiers: a Transformer encoder (token + position embeddings, pre-norm SDPA blocks, pooled linear head)
-and the n-gram bags of trainlab.models.ngram_bag (fastText-style or NB-weighted), chosen by text.arch."""
+"""Text classifiers: a Transformer encoder (token + position embeddings, pre-norm SDPA blocks, pooled linear head),
+the n-gram bags of trainlab.models.ngram_bag (fastText-style or NB-weighted) and the TF-IDF bag of
+trainlab.models.tfidf_bag, chosen by text.arch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trainlab.core.config import TextParams
 from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 from trainlab.models.ngram_bag import NBNgramBag, NgramBag
+from trainlab.models.tfidf_bag import TfidfBag
 
 
 class SelfAttention(nn.Module):
@@ -119,6 +121,13 @@ def build_text_model(p: TextParams, vocab_size: int, num_classes: int, max_lengt
         model = NBNgramBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.dropout)
         model.config = {"task": "text", "arch": "nb_bag", "ngrams": p.ngrams, "buckets": p.buckets,
                         "dropout": p.dropout, **sizes}
+        return model
+    if p.arch == "tfidf_bag":
+        model = TfidfBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.char_ngrams,
+                         p.char_buckets, p.dropout)
+        model.config = {"task": "text", "arch": "tfidf_bag", "ngrams": p.ngrams, "buckets": p.buckets,
+                        "char_ngrams": list(p.char_ngrams) if p.char_ngrams else None,
+                        "char_buckets": p.char_buckets, "dropout": p.dropout, **sizes}
         return model
     model = TextTransformer(vocab_size, num_classes, max_length, pad_id, p.d_model, p.n_heads, p.n_layers,
                             p.dim_feedforward, p.dropout, p.pooling, p.activation_checkpointing, p.embedding_dropout)

@@ -59,16 +59,18 @@ class TaskCode:
         """The engine Task around `model`; `cfg` None: the task as evaluation uses it (no training options)."""
         raise NotImplementedError
 
-    def build_task(self, cfg: TrainParams, meta: dict, train: dict[str, torch.Tensor] | None = None) -> Task:
-        """The Task around a new model; with `train` (the training split), the model's data statistics are set
-        from it (`fit_statistics`)."""
+    def build_task(self, cfg: TrainParams, meta: dict, train: dict[str, torch.Tensor] | None = None,
+                   data_dir: Path | None = None) -> Task:
+        """The Task around a new model; with `train` (the training split) and the prepared folder it came from, the
+        model's data statistics are set from them (`fit_statistics`)."""
         model = self.build_model(cfg, meta)
         if train is not None:
-            self.fit_statistics(model, train)
+            self.fit_statistics(model, train, data_dir)
         return self.make_task(model, meta, cfg)
 
-    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor]) -> None:
-        """Set what a model computes from the training split before training (saved with its weights); none here."""
+    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
+        """Set what a model computes from the training split (and the files prepared with it, such as a
+        tokenizer) before training, saved with its weights; none here."""
 
     def from_config(self, config: dict) -> nn.Module:
         """Rebuild the architecture a saved model's config.json describes (fresh weights, no pretrained file)."""

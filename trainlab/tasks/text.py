@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trainlab.tasks.scoring import TaskInputs, TaskReport
 
 TOP_NGRAMS = 12  # n-grams per class in the n-gram bag's picture
-NGRAM_ARCHS = ("ngram_bag", "nb_bag")  # text.arch values whose picture is the n-gram table
+NGRAM_ARCHS = ("ngram_bag", "nb_bag", "tfidf_bag")  # text.arch values whose picture is the n-gram table
 
 
 def text_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0) -> Task:
@@ -144,9 +144,16 @@ class TextCode(TaskCode):
                               metrics={"baseline_test_accuracy": baseline["accuracy"],
                                        "baseline_test_macro_f1": baseline["macro_f1"]})
 
-    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor]) -> None:
+    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
         if hasattr(model, "fit_ratios"):  # the NB-weighted bag: log-count ratios of the training split
             model.fit_ratios(train["tokens"], train["labels"])
+        if hasattr(model, "fit_idf"):  # the TF-IDF bag: its words' characters, then idf of the training split
+            from trainlab.data.tokenizer import Tokenizer
+
+            if data_dir is None:
+                raise ValueError("the TF-IDF bag needs the prepared folder (its tokenizer.json) to fit its statistics")
+            model.fit_vocabulary(Tokenizer.load(Path(data_dir) / "tokenizer.json").vocab)
+            model.fit_idf(train["tokens"])
 
     def tta(self, meta: dict) -> str:
         return "none"
