@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks.common import (
     REPO,
+    TRANSFORMER_TEXT,
     PartResult,
     alternate,
     engine_runtime,
@@ -38,10 +39,11 @@ OP_CATEGORIES = (
 
 
 def params():
-    """params.yaml as the pipeline reads it: the engine is measured with the training recipe it really runs."""
+    """params.yaml as the pipeline reads it: the engine is measured with the training recipe it really runs (the
+    text model: the Transformer with its recipe, benchmarks.common.TRANSFORMER_TEXT)."""
     from trainlab.core.config import load_params
 
-    return load_params(REPO / "params.yaml")
+    return load_params(REPO / "params.yaml", {f"text.{k}": v for k, v in TRANSFORMER_TEXT.items()})
 
 
 def model_batch(name: str, batch_size: int, device) -> tuple[Any, dict]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, PartResult, log, quiet_stderr, table
+from benchmarks.common import REPO, TRANSFORMER_TEXT, PartResult, log, quiet_stderr, table
 
 SHARED_TEXT = REPO.parent / "shared" / "data" / "text"
 # corpus -> data.text overrides (None: the embedded tweets)
@@ -29,13 +29,15 @@ CORPORA: dict[str, dict[str, Any] | None] = {
 # model -> text.* overrides on top of params.yaml (empty: the default text model as configured)
 MODELS: dict[str, dict[str, Any]] = {
     "default": {},
-    # the bags with the settings docs/data.md gives for them (the Transformer's lr is far too small for a bag)
-    "ngram_bag": {"arch": "ngram_bag", "d_model": 32, "lr": 0.01, "batch_size": 256, "epochs": 3},
-    "nb_bag": {"arch": "nb_bag", "lr": 0.2, "batch_size": 128, "epochs": 5, "dropout": 0.5, "label_smoothing": 0.1,
-               "weight_decay": 0.0, "warmup_epochs": 0},
-    "transformer": {"arch": "transformer", "d_model": 128, "n_heads": 4, "n_layers": 2, "dim_feedforward": 256,
-                    "dropout": 0.1, "embedding_dropout": 0.1, "epochs": 4, "lr": 0.001, "batch_size": 128,
-                    "weight_decay": 0.01, "label_smoothing": 0.0, "warmup_epochs": 1},
+    # each model with the settings params.yaml and docs/data.md give for it (a bag's lr is far too large for the
+    # Transformer and the Transformer's far too small for a bag)
+    "tfidf_bag": {"arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "weight_decay": 0.00002, "epochs": 10,
+                  "batch_size": 128, "dropout": 0.0, "warmup_epochs": 0, "char_ngrams": [3, 5]},
+    "ngram_bag": {"arch": "ngram_bag", "optimizer": "adamw", "d_model": 32, "lr": 0.01, "batch_size": 256,
+                  "epochs": 3},
+    "nb_bag": {"arch": "nb_bag", "optimizer": "adamw", "lr": 0.2, "batch_size": 128, "epochs": 5, "dropout": 0.5,
+               "label_smoothing": 0.1, "weight_decay": 0.0, "warmup_epochs": 0},
+    "transformer": TRANSFORMER_TEXT,
 }
 
 

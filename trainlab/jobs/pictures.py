@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,9 +47,10 @@ def show_image(ax, image: torch.Tensor) -> None:
 
 
 def message_figure(text: str) -> Figure:
-    fig = new_figure(4, 1.5)
+    """A picture that says why there is nothing to draw, wrapped to fit its width."""
+    fig = new_figure(6, 1.5)
     ax = fig.add_subplot()
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=11)
+    ax.text(0.5, 0.5, textwrap.fill(text, 60), ha="center", va="center", fontsize=11)
     ax.set_axis_off()
     return fig
 

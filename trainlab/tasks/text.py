@@ -189,11 +189,12 @@ class TextCode(TaskCode):
         # each model shows what it has: attention maps (Transformer) or its most weighted n-grams (n-gram bag); the
         # other picture says why it is empty, so that both declared outputs exist whatever text.arch is
         if inputs.config.get("arch") in NGRAM_ARCHS:
+            no_attention = (f"The {inputs.config['arch']} model has no attention; its most weighted n-grams per "
+                            "class are in text_ngrams.png.")
             report.pictures = {
                 "ngrams": {"class_names": names, "ngrams": top_ngrams(inputs.model, inputs.test["tokens"],
                                                                       inputs.extra["vocab"], len(names))},
-                "attention": {"tokens": [], "attentions": [], "empty": "The n-gram bag model has no attention; "
-                              "its most weighted n-grams per class are in text_ngrams.png."}}
+                "attention": {"tokens": [], "attentions": [], "empty": no_attention}}
             return report
         report.pictures = {"attention": {
             "tokens": [decode_tokens(t, inputs.extra["vocab"], pad_id) for t in tokens],
