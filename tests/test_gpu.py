@@ -170,11 +170,17 @@ def _task_and_batch(name: str):
         batch = {"tokens": torch.randint(1, 200, (n, 24)), "labels": torch.randint(0, 3, (n,))}
         batch["tokens"][::2, 12:] = 0
     seed_everything(0)
+    if name == "text_tfidf_bag":  # params.yaml's text default, with its statistics fitted as training fits them
+        params = Params(text=TextParams(arch="tfidf_bag", optimizer="sgd", lr=3.0, weight_decay=2e-5))
+        task = build_task("text", params, meta)
+        task.model.fit_vocabulary(["[PAD]", "[UNK]", "[CLS]", *(f"word{i}" for i in range(197))])
+        task.model.fit_idf(batch["tokens"])
+        return task, params.text, {k: v.cuda() for k, v in batch.items()}
     params = Params()
     return build_task(name, params, meta), getattr(params, name), {k: v.cuda() for k, v in batch.items()}
 
 
-@pytest.mark.parametrize("name", ["classifier", "segmenter", "text"])
+@pytest.mark.parametrize("name", ["classifier", "segmenter", "text", "text_tfidf_bag"])
 @pytest.mark.parametrize("graphs", [True, False])
 def test_the_training_step_never_synchronises_with_the_host(name, graphs):
     from trainlab.engine.step import TrainStep
