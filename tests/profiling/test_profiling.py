@@ -202,3 +202,8 @@ def test_metrics_and_report_layout():
     assert metrics["device"]["matmul_peak_fp32_gflop_per_s"] == 100.0
     report = markdown_report(device, [model], 8, 5, 3, 3, 12.3)
     assert "| `fp32` | 100 | 300 |" in report and "12.5%" in report
+    assert "1 GFLOP per training step" in report and "MFU does not apply" not in report
+    # a model without matmuls or convolutions (the TF-IDF text bag): the report says why its MFU means nothing
+    bag = ModelProfile("text", "tfidf_bag", 1000, {"train": 0, "infer": 0}, settings={"fp32": m})
+    bag_report = markdown_report(device, [bag], 8, 5, 3, 3, 12.3)
+    assert "MFU does not apply" in bag_report and "0 GFLOP per training step" not in bag_report

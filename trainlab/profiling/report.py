@@ -112,11 +112,12 @@ def markdown_report(device: DeviceProfile, models: list[ModelProfile], batch_siz
     lines.append("")
     has_sheet = bool(device.datasheet_peak)
     for model in models:
-        lines += [
-            f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "",
-            (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
-             f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step."), "",
-        ]
+        flops_line = (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
+                      f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step.")
+        if not model.flops["train"]:
+            flops_line = ("No matmul, convolution or attention FLOPs (the model gathers and sums table rows): its "
+                          "speed is memory-bound and MFU does not apply; read its samples/s.")
+        lines += [f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "", flops_line, ""]
         header = ["setting", "train samples/s", "infer samples/s", "train step ms", "train GFLOP/s", "train MFU",
                   "infer MFU"]
         if has_sheet:
