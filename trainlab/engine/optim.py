@@ -30,14 +30,18 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float, head: nn.Modu
 
 def build_optimizer(groups: list[dict], cfg: TrainParams, device: torch.device,
                     capturable: bool = False) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA, foreach elsewhere) or SGD. `capturable`: fused AdamW whose step count and learning
-    rates are device tensors, so that a CUDA graph can replay the update (the LR is then set on the device)."""
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, nesterov=True)
+    """AdamW (fused on CUDA, foreach elsewhere) or SGD with Nesterov momentum. `capturable`: fused AdamW (its step
+    count a device tensor) or fused SGD, with the learning rates as device tensors, so that a CUDA graph can replay
+    the update (the LR is then set on the device)."""
     if capturable:
         groups = [{**g, "lr": torch.tensor(g.get("lr", cfg.lr), dtype=torch.float32, device=device)} for g in groups]
-        return torch.optim.AdamW(groups, lr=torch.tensor(cfg.lr, device=device), betas=(0.9, 0.95), fused=True,
-                                 capturable=True)
+        lr = torch.tensor(cfg.lr, device=device)
+        if cfg.optimizer == "sgd":
+            # fused SGD reads a tensor LR on the device; its momentum buffers exist after the capture's warm-up
+            return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True, fused=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True, capturable=True)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, nesterov=True)
     # fused kernels are deterministic and fast on CUDA; foreach elsewhere.
     fused = device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
@@ -73,7 +77,7 @@ def warmup_cosine_on_device(step: torch.Tensor, total_steps: int, warmup_steps: 
 
 class LRSchedule:
     """Each param group's LR at optimizer step k is its base LR x warmup_cosine(k) (what LambdaLR computes, without
-    its state): set from the host for a float LR, or on the device when the LRs are tensors (capturable AdamW)."""
+    its state): set from the host for a float LR, or on the device when the LRs are tensors (capturable optimizers)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str):
         self.optimizer, self.total, self.warmup, self.schedule = optimizer, total_steps, warmup_steps, schedule

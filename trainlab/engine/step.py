@@ -37,7 +37,6 @@ def graphs_plan(setting: bool | str, runtime: Runtime, cfg: TrainParams, distrib
         (runtime.compile, "torch.compile manages its own graphs (compile's mode='reduce-overhead')"),
         (cfg.accumulation_steps > 1, "accumulation_steps > 1"),
         (runtime.precision == "fp16", "fp16's GradScaler reads its inf check on the host"),
-        (cfg.optimizer != "adamw", f"the {cfg.optimizer} optimizer is not capturable here"),
         (cfg.activation_checkpointing, "activation checkpointing re-runs forward outside the captured stream"),
     ]
     why = next((text for hit, text in reasons if hit), None)
@@ -49,8 +48,8 @@ class TrainStep:
 
     Losses and the first non-finite step are accumulated on the device (`loss_sum`, `seen`, `first_bad`) and read
     by the caller at log points: the step itself never waits for the device. With `graphs`, the whole update
-    (augmentation from a device generator, forward, loss, backward, clipping, capturable fused AdamW with the
-    scheduled LR computed on the device, EMA) is captured once as a CUDA graph and replayed; batches are copied into
+    (augmentation from a device generator, forward, loss, backward, clipping, capturable fused AdamW or fused SGD
+    with the scheduled LR computed on the device, EMA) is captured once as a CUDA graph and replayed; batches are copied into
     its static inputs, so every batch must have the first one's shapes (fit drops the last partial batch).
     """
 
