@@ -56,7 +56,9 @@ class ModelSetup:
                   "weight_decay": self.weight_decay, "augment": False, "label_smoothing": 0.0, "grad_clip": None,
                   "warmup_epochs": 0.0, "schedule": "cosine", "ema_decay": None, "optimizer": "adamw",
                   "init": self.init}
-        kind = {"classifier": ClassifierParams, "segmenter": SegmenterParams, "text": TextParams}[self.name]
+        if self.name == "text":  # the Transformer, not params.yaml's TF-IDF bag (almost no FLOPs to measure)
+            return TextParams(**common, arch="transformer")
+        kind = {"classifier": ClassifierParams, "segmenter": SegmenterParams}[self.name]
         return kind(**common)
 
 
