@@ -153,6 +153,13 @@ def test_graphed_and_eager_training_agree_closely():
         [r["train_loss"] for r in eager.history], rel=0.05)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_capturable_optimizers_take_the_same_steps_as_the_eager_ones_on_cuda(optimizer):
+    from tests.engine.test_step import assert_capturable_optimizer_takes_the_eager_steps
+
+    assert_capturable_optimizer_takes_the_eager_steps(optimizer, torch.device("cuda"))
+
+
 def _task_and_batch(name: str):
     """Each of the three real tasks with a batch on the GPU (the default recipes: augmentation, clipping)."""
     from trainlab.core.config import Params

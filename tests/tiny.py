@@ -9,8 +9,9 @@ TINY_PARAMS = {
     "segmenter": {"base_channels": 4, "depth": 1, "epochs": 1, "max_steps": 2, "batch_size": 2, "warmup_epochs": 0},
     # the Transformer, not the default TF-IDF bag: the whole pipeline then runs the text model that has attention
     # (the bag trains through the stage in tests/stages/test_train.py)
-    "text": {"arch": "transformer", "optimizer": "adamw", "lr": 0.001, "d_model": 8, "n_heads": 1, "n_layers": 1, "dim_feedforward": 8, "epochs": 1, "max_steps": 2,
-             "batch_size": 4, "warmup_epochs": 0, "baseline_max_features": 50},
+    "text": {"arch": "transformer", "optimizer": "adamw", "lr": 0.001, "d_model": 8, "n_heads": 1, "n_layers": 1,
+             "dim_feedforward": 8, "epochs": 1, "max_steps": 2, "batch_size": 4, "warmup_epochs": 0,
+             "baseline_max_features": 50},
     "evaluate": {"batch_size": 64, "n_examples": 1},
     "profile": {"batch_size": 2, "warmup_steps": 0, "steps": 1, "repeats": 1, "trace": False, "compile": False},
 }

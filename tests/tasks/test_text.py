@@ -72,7 +72,7 @@ def test_tfidf_bag_statistics_come_from_the_training_split_and_the_prepared_toke
 
     train = {"tokens": torch.tensor([[2, 3, 5], [2, 4, 5], [2, 3, 3]]), "labels": torch.tensor([1, 0, 1])}
     cfg = TextParams(arch="tfidf_bag", buckets=16, char_buckets=32)
-    with pytest.raises(ValueError, match="tokenizer.json"):
+    with pytest.raises(ValueError, match="tokenizer.json"):  # no prepared folder given
         CODE.build_task(cfg, META, train)
     Tokenizer(VOCAB, max_length=8).save(tmp_path / "tokenizer.json")
     model = CODE.build_task(cfg, META, train, tmp_path).model

@@ -49,8 +49,9 @@ class TrainStep:
     Losses and the first non-finite step are accumulated on the device (`loss_sum`, `seen`, `first_bad`) and read
     by the caller at log points: the step itself never waits for the device. With `graphs`, the whole update
     (augmentation from a device generator, forward, loss, backward, clipping, capturable fused AdamW or fused SGD
-    with the scheduled LR computed on the device, EMA) is captured once as a CUDA graph and replayed; batches are copied into
-    its static inputs, so every batch must have the first one's shapes (fit drops the last partial batch).
+    with the scheduled LR computed on the device, EMA) is captured once as a CUDA graph and replayed; batches are
+    copied into its static inputs, so every batch must have the first one's shapes (fit drops the last partial
+    batch).
     """
 
     def __init__(self, task: Task, model: nn.Module, cfg: TrainParams, runtime: Runtime, *, total_updates: int,

@@ -3,6 +3,8 @@ linear head) and NB-weighted (NBSVM in neural form: per-class weights scaled by 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -120,6 +122,10 @@ class NBNgramBag(nn.Module):
         """Set the ratios from the training split's token ids and labels (and from nothing else)."""
         self.ratios.copy_(log_count_ratios(self.ids(tokens.cpu()), labels, self.ratios.size(0), self.num_classes,
                                            self.pad_id))
+
+    def fit_statistics(self, tokens: torch.Tensor, labels: torch.Tensor, vocab: Sequence[str] | None) -> None:
+        """What training sets from the training split before the first step (the text task calls it): the ratios."""
+        self.fit_ratios(tokens, labels)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.size(1) > self.max_length:

@@ -72,6 +72,16 @@ class TfidfBag(nn.Module):
             self.char_table.copy_(char_ngram_table(vocab, self.vocab_size, low, high, self.char_buckets,
                                                    self.vocab_size + self.buckets, self.pad_id))
 
+    def fit_statistics(self, tokens: torch.Tensor, labels: torch.Tensor, vocab: Sequence[str] | None) -> None:
+        """What training sets from the training split before the first step (the text task calls it): the words'
+        character n-grams from the prepared tokenizer's vocabulary, then idf of the training texts."""
+        if vocab is None and self.char_ngrams:
+            raise ValueError("the TF-IDF bag needs the prepared tokenizer's vocabulary (tokenizer.json beside the "
+                             "prepared text data) to fit its statistics")
+        if vocab is not None:
+            self.fit_vocabulary(vocab)
+        self.fit_idf(tokens)
+
     def word_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """(N, L) token ids -> (N, K) ids of the words and their hashed n-grams."""
         return ngram_ids(tokens, self.vocab_size, self.ngrams, self.buckets, self.pad_id)
@@ -93,8 +103,7 @@ class TfidfBag(nn.Module):
             pairs = torch.unique((rows * features + ids)[real])  # each (text, feature) once
             df += torch.bincount(pairs % features, minlength=features).double()
         n = tokens.size(0)
-        idf = torch.where(df > 0, ((1 + n) / (1 + df)).log() + 1, torch.zeros_like(df))
-        idf[self.pad_id] = 0
+        idf = torch.where(df > 0, ((1 + n) / (1 + df)).log() + 1, torch.zeros_like(df))  # padding: df 0, idf 0
         self.idf.copy_(idf.float())
 
     def normalised_weights(self, ids: torch.Tensor) -> torch.Tensor:

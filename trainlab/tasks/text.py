@@ -145,15 +145,15 @@ class TextCode(TaskCode):
                                        "baseline_test_macro_f1": baseline["macro_f1"]})
 
     def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
-        if hasattr(model, "fit_ratios"):  # the NB-weighted bag: log-count ratios of the training split
-            model.fit_ratios(train["tokens"], train["labels"])
-        if hasattr(model, "fit_idf"):  # the TF-IDF bag: its words' characters, then idf of the training split
-            from trainlab.data.tokenizer import Tokenizer
+        """The bags' own statistics (NB ratios, idf and character n-grams) from the training split and the prepared
+        tokenizer's vocabulary; the Transformer has none."""
+        fit = getattr(model, "fit_statistics", None)
+        if fit is None:
+            return
+        from trainlab.data.tokenizer import Tokenizer
 
-            if data_dir is None:
-                raise ValueError("the TF-IDF bag needs the prepared folder (its tokenizer.json) to fit its statistics")
-            model.fit_vocabulary(Tokenizer.load(Path(data_dir) / "tokenizer.json").vocab)
-            model.fit_idf(train["tokens"])
+        vocab = Tokenizer.load(Path(data_dir) / "tokenizer.json").vocab if data_dir is not None else None
+        fit(train["tokens"], train["labels"], vocab)
 
     def tta(self, meta: dict) -> str:
         return "none"
