@@ -33,7 +33,7 @@ MODELS: dict[str, dict[str, Any]] = {
     # Transformer and the Transformer's far too small for a bag)
     "tfidf_bag": {"arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "weight_decay": 0.00002, "epochs": 10,
                   "batch_size": 128, "dropout": 0.0, "warmup_epochs": 0, "char_ngrams": [3, 5]},
-    "ngram_bag": {"arch": "ngram_bag", "optimizer": "adamw", "d_model": 32, "lr": 0.01, "batch_size": 256,
+    "ngram_bag": {"arch": "ngram_bag", "optimizer": "adamw", "d_model": 32, "lr": 0.05, "batch_size": 256,
                   "epochs": 3},
     "nb_bag": {"arch": "nb_bag", "optimizer": "adamw", "lr": 0.2, "batch_size": 128, "epochs": 5, "dropout": 0.5,
                "label_smoothing": 0.1, "weight_decay": 0.0, "warmup_epochs": 0},
