@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.engine.test_loop import CFG, make_task, runtime, tiny_data
 from trainlab.engine.ema import EMA
@@ -89,15 +90,32 @@ def test_capturable_sgd_takes_the_same_steps_as_the_eager_one():
     assert_capturable_optimizer_takes_the_eager_steps("sgd", torch.device("cpu"))
 
 
-def test_ema_follows_the_model_by_its_decay_and_copies_integer_buffers():
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host (`.item()`, a tensor used as a Python number): on CUDA each
+    one waits for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_ema_warms_its_decay_up_then_follows_the_model_by_it_and_copies_integer_buffers():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     ema = EMA(model, decay=0.75)
     start = model[0].weight.detach().clone()
     with torch.no_grad():
         model[0].weight.add_(4.0)
         model[1].num_batches_tracked.fill_(7)
-    ema.update()
-    torch.testing.assert_close(ema.module[0].weight, start + 1.0)
+    with HostReads() as reads:  # the first step's decay is min(0.75, 1 / 10): 90% of the way to the model
+        ema.update(torch.tensor(0))
+    assert reads.count == 0, "the EMA update read a tensor's value on the host (a sync on CUDA)"
+    torch.testing.assert_close(ema.module[0].weight, start + 3.6)
+    ema.update(torch.tensor(100))  # past the warm-up the decay is 0.75: a quarter of the remaining 0.4
+    torch.testing.assert_close(ema.module[0].weight, start + 3.7)
     assert int(ema.module[1].num_batches_tracked) == 7
     assert not any(p.requires_grad for p in ema.module.parameters())
 

@@ -129,7 +129,7 @@ class TrainStep:
         if zero_grad:
             self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self.ema.update()
+            self.ema.update(self.update_count)
         self.update_count += 1
 
     # --- CUDA graph -------------------------------------------------------------------------------------------------
