@@ -193,6 +193,7 @@ def test_the_training_step_never_synchronises_with_the_host(name, graphs):
     from trainlab.engine.step import TrainStep
 
     task, cfg, batch = _task_and_batch(name)
+    cfg = cfg.model_copy(update={"ema_decay": 0.99})  # the EMA update too (a superset of the default recipe)
     rt = cuda_runtime(precision="bf16")
     model = task.model.cuda()
     if task.conv:
