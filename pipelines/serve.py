@@ -155,6 +155,9 @@ def main(argv: list[str]) -> None:
         deploy(root, schedule, args.pool, args.name)
     else:
         signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl+C until Prefect's runner installs its own handler
+        # A process started in the background by a script (`... &` without job control) inherits SIGINT ignored;
+        # `kill -INT` and Ctrl+C still stop it, like the stages.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         serve(root, schedule, args.name)
 
 

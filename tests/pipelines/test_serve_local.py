@@ -30,10 +30,15 @@ def serve_env(home: Path, port: int) -> dict[str, str]:
     return env
 
 
-def start_serve(repo: Path, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+def start_serve(repo: Path, env: dict[str, str], log: Path, *args: str, sigint_ignored: bool = False
+                ) -> subprocess.Popen:
+    """`python -m pipelines.serve ARGS` in its own process group; `sigint_ignored`: started as a script's `cmd &`
+    starts it (SIGINT inherited ignored)."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "pipelines.serve", *args], cwd=repo, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=ignore)
 
 
 def wait_for(predicate, proc: subprocess.Popen, log: Path, timeout_s: float, what: str):
@@ -100,7 +105,8 @@ def test_serve_reuses_a_running_local_server_and_leaves_it_running(prefect_serve
     repo = make_fake_repo(tmp_path / "repo", SEEDED_FILES)
     port = int(prefect_server.api_url.rsplit(":", 1)[1].split("/")[0])
     log = tmp_path / "serve.log"
-    proc = start_serve(repo, serve_env(prefect_server.home, port), log, "--interval", "3600", "--name", "reuse")
+    proc = start_serve(repo, serve_env(prefect_server.home, port), log, "--interval", "3600", "--name", "reuse",
+                       sigint_ignored=True)  # as a script's `serve &` starts it: Ctrl+C / kill -INT still stop it
     try:
         wait_for(lambda: "serving reuse" in log.read_text(), proc, log, 120, "serving line")
         wait_for(lambda: deployment_exists(prefect_server.api_url, "trainlab-retrain/reuse"), proc, log, 120,
