@@ -123,6 +123,9 @@ def _num(value, digits: int = 0) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) != 2 or argv[0] not in ("pipeline", "table"):
         print(__doc__, file=sys.stderr)
         return 2
