@@ -10,6 +10,7 @@ import numpy as np
 from trainlab.core.config import DataParams
 from trainlab.data import canvases, embedded, folders, texts
 from trainlab.data.prepared import SPLITS
+from trainlab.data.transforms import ImagePolicy
 from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
 from trainlab.core.errors import DataError
 
@@ -28,6 +29,7 @@ class ImageSplits:
     labels: dict[str, np.ndarray]
     class_names: list[str]
     description: str
+    policy: ImagePolicy | None = None  # how raw files became these images; None: stored as the source gives them
 
 
 @dataclass
@@ -39,6 +41,7 @@ class MaskSplits:
     class_names: list[str]
     description: str
     extra: dict[str, dict[str, float]] = field(default_factory=dict)
+    policy: ImagePolicy | None = None
 
 
 def embedded_digit_splits(labels: np.ndarray, data: DataParams, seed: int) -> dict[str, np.ndarray]:

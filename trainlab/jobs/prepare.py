@@ -12,6 +12,7 @@ from trainlab.core.config import Params
 from trainlab.data import sources, stats
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
 from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer
+from trainlab.data.transforms import ImagePolicy, save_preprocessing
 from trainlab.core.errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -20,6 +21,16 @@ Log = Callable[[str], None]
 
 def split_counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{split} {n:,}" for split, n in counts.items() if split != "total")
+
+
+def stored_policy(size: dict[str, int]) -> ImagePolicy:
+    """The policy of a source whose images all come at one size (embedded, torchvision): kept as they are."""
+    return ImagePolicy(size["channels"], size["height"], size["width"])
+
+
+def save_image_preprocessing(folder: Path, task: str, policy: ImagePolicy, class_names: list[str]) -> None:
+    """preprocessing.json: how a raw image becomes this data's stored image (trainlab.data.transforms)."""
+    save_preprocessing(folder, {"task": task, "class_names": class_names, "image": policy.to_dict()})
 
 
 def prepare_classification(params: Params, folder: Path, allow_download: bool, log: Log) -> dict[str, Any]:
@@ -31,6 +42,7 @@ def prepare_classification(params: Params, folder: Path, allow_download: bool, l
     size = stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(data.labels[s]) for s in sources.SPLITS})
     hflip = params.data.classification.source in sources.MIRROR_SAFE_SOURCES  # flips for augmentation and TTA
+    save_image_preprocessing(folder, "classifier", data.policy or stored_policy(size), data.class_names)
     save_meta(folder, {"task": "classification", "source": data.description, "num_classes": len(data.class_names),
                        "class_names": data.class_names, **size, "counts": counts, "hflip": hflip})
     log(f"classification ({data.description}): {split_counts_text(counts)}; "
@@ -48,6 +60,7 @@ def prepare_segmentation(params: Params, folder: Path, log: Log) -> dict[str, An
     size = stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(data.masks[s]) for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
+    save_image_preprocessing(folder, "segmenter", data.policy or stored_policy(size), data.class_names)
     save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": len(data.class_names),
                        "class_names": data.class_names, **size, "counts": counts, "hflip": False,
                        "symmetries": symmetries})
@@ -77,6 +90,9 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     tokenizer = Tokenizer.fit(split_texts["train"], cfg.vocab_size, cfg.min_frequency, cfg.max_length, cfg.lowercase,
                               cfg.oov_buckets)
     tokenizer.save(folder / TOKENIZER_FILE)
+    save_preprocessing(folder, {"task": "text", "class_names": labeled.class_names,
+                                "text": {"cleaning": "whitespace", "tokenizer": TOKENIZER_FILE,
+                                         "max_length": cfg.max_length, "lowercase": cfg.lowercase}})
     lengths = {}
     for split in sources.SPLITS:
         tokens, lengths[split] = tokenizer.encode_with_lengths(split_texts[split])

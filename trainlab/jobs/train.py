@@ -236,7 +236,12 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     tracker.log_params({"params_total": result.params_total, "params_trainable": result.params_trainable})
     tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
 
-    save_model(result.model, model_dir, extras.files, extra_json)
+    from trainlab.data.transforms import PREPROCESSING_FILE
+
+    files = dict(extras.files)
+    if (data_dir / PREPROCESSING_FILE).is_file():  # how raw inputs become model inputs: predict and MLflow read it
+        files[PREPROCESSING_FILE] = data_dir / PREPROCESSING_FILE
+    save_model(result.model, model_dir, files, extra_json)
     weights_md5 = model_md5(model_dir)
     tracker.set_tags({"model_md5": weights_md5})
     write_history(result.history, reports_dir / "history.csv")
