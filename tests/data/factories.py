@@ -90,3 +90,74 @@ def make_user_data(root: Path) -> Path:
     make_paired_folders(root / "seg")
     make_text_csv(root / "texts.csv")
     return root
+
+
+# --- real photos (scikit-learn's two sample photos), cut, scaled, rotated and re-encoded many ways --------------------
+
+PHOTO_KINDS = ("jpeg", "jpeg_exif_rotated", "cmyk_jpeg", "palette_png", "rgba_png", "png16_gray", "tiff16",
+               "webp", "gray_jpeg", "bmp")
+
+
+def sample_photos() -> dict[str, np.ndarray]:
+    """{"china": (427, 640, 3), "flower": (427, 640, 3)} uint8: the photos scikit-learn ships."""
+    from sklearn.datasets import load_sample_image
+
+    return {name: load_sample_image(f"{name}.jpg") for name in ("china", "flower")}
+
+
+def write_photo(path: Path, pixels: np.ndarray, kind: str) -> Path:
+    """`pixels` (H, W, 3) uint8 saved as `kind` (PHOTO_KINDS); the file decodes upright to about the same picture."""
+    import tifffile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(pixels)
+    if kind == "jpeg":
+        image.save(path, "JPEG", quality=92)
+    elif kind == "jpeg_exif_rotated":  # stored lying on its side; EXIF orientation 6 says: turn 90 degrees clockwise
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        image.transpose(Image.Transpose.ROTATE_90).save(path, "JPEG", quality=92, exif=exif)
+    elif kind == "cmyk_jpeg":
+        image.convert("CMYK").save(path, "JPEG", quality=92)
+    elif kind == "palette_png":
+        image.convert("P", palette=Image.Palette.ADAPTIVE, colors=256).save(path, "PNG")
+    elif kind == "rgba_png":
+        Image.fromarray(np.dstack([pixels, np.full(pixels.shape[:2], 128, np.uint8)])).save(path, "PNG")
+    elif kind == "png16_gray":
+        gray = np.asarray(image.convert("L")).astype(np.uint16) * 257
+        Image.fromarray(gray).save(path, "PNG")
+    elif kind == "tiff16":
+        tifffile.imwrite(path, pixels.astype(np.uint16) * 257)
+    elif kind == "webp":
+        image.save(path, "WEBP", lossless=True)
+    elif kind == "gray_jpeg":
+        image.convert("L").save(path, "JPEG", quality=92)
+    elif kind == "bmp":
+        image.save(path, "BMP")
+    else:
+        raise ValueError(kind)
+    return path
+
+
+SUFFIX = {"jpeg": ".jpg", "jpeg_exif_rotated": ".jpg", "cmyk_jpeg": ".jpeg", "palette_png": ".png", "rgba_png": ".png",
+          "png16_gray": ".png", "tiff16": ".tif", "webp": ".webp", "gray_jpeg": ".JPG", "bmp": ".bmp"}
+
+
+def random_crop_of(photo: np.ndarray, rng: np.random.Generator, min_side: int = 48) -> np.ndarray:
+    """A random window of a photo (varying size and aspect), scaled by a random factor."""
+    h, w = photo.shape[:2]
+    ch, cw = rng.integers(min_side * 2, h + 1), rng.integers(min_side * 2, w + 1)
+    top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+    crop = Image.fromarray(photo[top:top + ch, left:left + cw])
+    factor = rng.uniform(0.4, 1.0)
+    return np.asarray(crop.resize((max(min_side, round(cw * factor)), max(min_side, round(ch * factor)))))
+
+
+def make_photo_folder(root: Path, per_class: int = 20, seed: int = 0, kinds=PHOTO_KINDS) -> Path:
+    """`root/<china|flower>/...`: crops of scikit-learn's two photos in every size, cycling through `kinds`."""
+    rng = np.random.default_rng(seed)
+    for name, photo in sample_photos().items():
+        for i in range(per_class):
+            kind = kinds[i % len(kinds)]
+            write_photo(root / name / f"{name}_{i:03d}{SUFFIX[kind]}", random_crop_of(photo, rng), kind)
+    return root

@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from trainlab.data.folders import load_paired_folders
+from trainlab.data.folders import index_paired_folders
+from trainlab.data.transforms import ImagePolicy
+from trainlab.data.writing import read_pair
 from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set, write_paired_folders
 
 
@@ -27,7 +29,8 @@ def test_boundaries_are_thin_and_darker_than_cells():
 
 def test_written_as_paired_folders_that_load_back(tmp_path):
     root = write_paired_folders(tmp_path / "cells", count=3, size=48, seed=0)
-    loaded = load_paired_folders(root, num_classes=2)
+    index = index_paired_folders(root, num_classes=2)
+    read = [read_pair(image, mask, ImagePolicy(1, 48, 48), 2) for image, mask in index.pairs]
     images, masks = thin_structure_set(3, 48, seed=0)
-    assert loaded.class_names == CLASS_NAMES
-    assert np.array_equal(loaded.images, images) and np.array_equal(loaded.masks, masks)
+    assert index.class_names == CLASS_NAMES
+    assert np.array_equal(np.stack([i for i, _ in read]), images) and np.array_equal(np.stack([m for _, m in read]), masks)

@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,9 +47,17 @@ class BaseParams(Section):
     distributed: DistributedParams = DistributedParams()
 
 
+ImageSize = Annotated[int, Field(ge=8, le=2048)] | Literal["auto"]
+
+
 class ClassificationData(Section):
     source: Literal["embedded", "mnist", "fashion_mnist", "cifar10", "image_folder"] = "embedded"
     root: str = "data/raw/classification"
+    # image_folder: stored images are image_size x image_size: shorter side resized to it, then the centre square;
+    # auto keeps images that all share one size up to 96 px a side, else 64 (trainlab.data.folders)
+    image_size: ImageSize = "auto"
+    # a mirror keeps the label (augmentation and TTA): auto is true for photos (image_folder, fashion_mnist, cifar10)
+    hflip: bool | Literal["auto"] = "auto"
 
 
 class SegmentationData(Section):
@@ -62,6 +70,9 @@ class SegmentationData(Section):
     # label-preserving transforms of the user's images, for augmentation (recorded in meta.json): none; flips
     # (horizontal and vertical); dihedral (flips and 90-degree rotations). The embedded digit canvases allow none.
     symmetries: Literal["none", "flips", "dihedral"] = "none"
+    # paired_folders: images (and masks, by nearest neighbour) stretched to image_size x image_size; auto keeps
+    # images that all share one size up to 256 px a side, else 128
+    image_size: ImageSize = "auto"
 
 
 class TextData(Section):
@@ -80,6 +91,8 @@ class TextData(Section):
 class DataParams(Section):
     val_fraction: float = Field(0.1, gt=0, lt=0.5)
     test_fraction: float = Field(0.2, gt=0, lt=0.5)
+    # unreadable image files: error (prepare stops, naming them) | skip (left out, listed in reports/data_stats.json)
+    bad_images: Literal["error", "skip"] = "error"
     classification: ClassificationData = ClassificationData()
     segmentation: SegmentationData = SegmentationData()
     text: TextData = TextData()

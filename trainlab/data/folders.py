@@ -1,77 +1,134 @@
-"""User image folders: one folder per class (classification) and paired image/mask folders (segmentation)."""
+"""User image folders, indexed without decoding: one folder per class (flat, or under train/val/test split folders)
+and paired image/mask folders (segmentation); and the resize policy their files call for."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from trainlab.data.images import list_image_files, read_images, read_mask, require_folder, size_text
 from trainlab.core.errors import DataError
+from trainlab.data.decoding import BadFiles, decode_in_order
+from trainlab.data.images import FolderListing, Probe, list_images, probe_image, require_folder
+from trainlab.data.transforms import CROP, KEEP, STRETCH, ImagePolicy
 
 IMAGES_DIR = "images"
 MASKS_DIR = "masks"
 CLASS_NAMES_FILE = "classes.txt"
+SPLIT_FOLDERS = ("train", "val", "test")
+FLAT = "all"  # the one "split" of a folder without split folders
+
+# image_size "auto": images that all share one size no larger than this (a side) are kept as they are; anything else
+# is resized to AUTO_SIZE (classification: shorter side, then the centre square; segmentation: stretched).
+AUTO_KEEP_MAX = {"classification": 96, "segmentation": 256}
+AUTO_SIZE = {"classification": 64, "segmentation": 128}
 
 
 @dataclass
-class LabeledImages:
-    """uint8 images (N, C, H, W) with int64 labels indexing `class_names`."""
+class ClassFiles:
+    """Image files per split with int64 labels indexing `class_names`; the split is FLAT when the folder gives none.
+    `skipped`: hidden and non-image files met (never read)."""
 
-    images: np.ndarray
-    labels: np.ndarray
+    files: dict[str, list[Path]]
+    labels: dict[str, np.ndarray]
     class_names: list[str]
+    layout: str
+    skipped: FolderListing = field(default_factory=FolderListing)
 
 
 @dataclass
-class MaskedImages:
-    """uint8 images (N, C, H, W) with uint8 class-index masks (N, H, W); class 0 is background."""
+class PairFiles:
+    """(image, mask) file pairs matched by stem, and the class names."""
 
-    images: np.ndarray
-    masks: np.ndarray
+    pairs: list[tuple[Path, Path]]
     class_names: list[str]
-    files: list[str]
+    skipped: FolderListing = field(default_factory=FolderListing)
 
 
-def class_folders(root: Path) -> list[Path]:
-    """The class folders under `root` (sorted; hidden ones ignored)."""
-    require_folder(root, "image-folder dataset (data.classification.root)")
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not folders:
-        raise DataError(f"{root}: no class folders; expected {root}/<class name>/<image files>")
-    return folders
+def visible_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def load_image_folder(root: str | Path) -> LabeledImages:
-    """``<root>/<class>/<image>``: the class names are the folder names, sorted; an empty class is an error."""
+def loose_files(root: Path) -> FolderListing:
+    """Files lying beside the class folders (a README, .DS_Store): counted as skipped."""
+    listing = list_images(root)
+    return FolderListing([], listing.hidden, listing.not_images + listing.files)
+
+
+def index_image_folder(root: str | Path) -> ClassFiles:
+    """``<root>/<class>/<image>``, or ``<root>/{train,val,test}/<class>/<image>`` (train required; the split folders
+    must hold the same classes). Class names are the folder names, sorted; an empty class is an error."""
     root = Path(root)
-    paths, labels = [], []
-    folders = class_folders(root)
-    for label, folder in enumerate(folders):
-        files = list_image_files(folder)
-        if not files:
-            raise DataError(f"{folder}: class {folder.name!r} has no samples (no PNG/JPEG/TIFF/BMP files)")
-        paths += files
-        labels += [label] * len(files)
-    return LabeledImages(read_images(paths), np.array(labels, dtype=np.int64), [f.name for f in folders])
+    require_folder(root, "image-folder dataset (data.classification.root)")
+    subfolders = visible_folders(root)
+    names = {p.name for p in subfolders}
+    skipped = loose_files(root)
+    if "train" in names and names <= set(SPLIT_FOLDERS):
+        splits = [s for s in SPLIT_FOLDERS if s in names]
+        per_split = {s: class_files(root / s, skipped) for s in splits}
+        require_same_classes(root, per_split)
+        layout = "/".join(splits) + " folders"
+    else:
+        per_split = {FLAT: class_files(root, skipped, subfolders)}
+        layout = "class folders"
+    class_names = next(iter(per_split.values()))[2]
+    return ClassFiles({s: f for s, (f, _, _) in per_split.items()}, {s: lab for s, (_, lab, _) in per_split.items()},
+                      class_names, layout, skipped)
 
 
-def files_by_stem(folder: Path) -> dict[str, Path]:
+def class_files(folder: Path, skipped: FolderListing,
+                folders: list[Path] | None = None) -> tuple[list[Path], np.ndarray, list[str]]:
+    """The image files of every class folder under `folder`, their labels and the class names."""
+    folders = visible_folders(folder) if folders is None else folders
+    if not folders:
+        raise DataError(f"{folder}: no class folders; expected {folder}/<class name>/<image files>")
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, class_folder in enumerate(folders):
+        listing = list_images(class_folder)
+        skipped.add(FolderListing([], listing.hidden, listing.not_images))
+        if not listing.files:
+            raise DataError(f"{class_folder}: class {class_folder.name!r} has no samples (no image files: "
+                            "PNG, JPEG, WebP, TIFF, BMP or GIF)")
+        files += listing.files
+        labels += [label] * len(listing.files)
+    return files, np.array(labels, dtype=np.int64), [f.name for f in folders]
+
+
+def require_same_classes(root: Path, per_split: dict[str, tuple[list[Path], np.ndarray, list[str]]]) -> None:
+    train = per_split["train"][2]
+    for split, (_, _, names) in per_split.items():
+        missing = [n for n in train if n not in names]
+        extra = [n for n in names if n not in train]
+        if missing or extra:
+            parts = ([f"lacks class(es) {', '.join(map(repr, missing))} of train/"] if missing else []) + \
+                    ([f"has class(es) {', '.join(map(repr, extra))} that train/ lacks"] if extra else [])
+            raise DataError(f"{root / split}: {' and '.join(parts)}; every split folder must hold the same class "
+                            "folders")
+
+
+def files_by_stem(folder: Path, skipped: FolderListing) -> dict[str, Path]:
     """Image files of a folder keyed by file stem; two files with one stem are an error."""
     by_stem: dict[str, Path] = {}
-    for path in list_image_files(folder):
+    listing = list_images(folder)
+    skipped.add(FolderListing([], listing.hidden, listing.not_images))
+    for path in listing.files:
         if path.stem in by_stem:
             raise DataError(f"{path}: same file stem as {by_stem[path.stem]}; images and masks are matched by stem")
         by_stem[path.stem] = path
     return by_stem
 
 
-def matched_pairs(root: Path) -> list[tuple[Path, Path]]:
-    """(image, mask) pairs matched by file stem; an image without a mask (or the reverse) is an error."""
+def index_paired_folders(root: str | Path, num_classes: int) -> PairFiles:
+    """``<root>/images/<stem>.*`` with ``<root>/masks/<stem>.*``; an image without a mask (or the reverse) is an
+    error naming it."""
+    root = Path(root)
     require_folder(root, "paired-folders dataset (data.segmentation.root)")
-    images = files_by_stem(require_folder(root / IMAGES_DIR, "images"))
-    masks = files_by_stem(require_folder(root / MASKS_DIR, "masks"))
+    skipped = FolderListing()
+    images = files_by_stem(require_folder(root / IMAGES_DIR, "images"), skipped)
+    masks = files_by_stem(require_folder(root / MASKS_DIR, "masks"), skipped)
     for stem, path in images.items():
         if stem not in masks:
             raise DataError(f"{path}: no mask with stem {stem!r} in {root / MASKS_DIR}")
@@ -79,8 +136,9 @@ def matched_pairs(root: Path) -> list[tuple[Path, Path]]:
         if stem not in images:
             raise DataError(f"{path}: no image with stem {stem!r} in {root / IMAGES_DIR}")
     if not images:
-        raise DataError(f"{root / IMAGES_DIR}: no image files (PNG, JPEG, TIFF or BMP)")
-    return [(images[stem], masks[stem]) for stem in sorted(images)]
+        raise DataError(f"{root / IMAGES_DIR}: no image files (PNG, JPEG, WebP, TIFF, BMP or GIF)")
+    pairs = [(images[stem], masks[stem]) for stem in sorted(images)]
+    return PairFiles(pairs, segmentation_class_names(root, num_classes), skipped)
 
 
 def segmentation_class_names(root: Path, num_classes: int) -> list[str]:
@@ -97,17 +155,30 @@ def segmentation_class_names(root: Path, num_classes: int) -> list[str]:
     return ["background", *(f"class_{i}" for i in range(1, num_classes))]
 
 
-def load_paired_folders(root: str | Path, num_classes: int) -> MaskedImages:
-    """``<root>/images/<stem>.*`` with ``<root>/masks/<stem>.*``: sizes must match and mask values be classes."""
-    root = Path(root)
-    pairs = matched_pairs(root)
-    images = read_images([image for image, _ in pairs])
-    masks = []
-    for (image_path, mask_path), image in zip(pairs, images):
-        mask = read_mask(mask_path, num_classes)
-        if mask.shape != image.shape[1:]:
-            raise DataError(f"{mask_path}: mask size {size_text(mask.shape)} does not match image {image_path} "
-                            f"size {size_text(image.shape[1:])}")
-        masks.append(mask)
-    names = segmentation_class_names(root, num_classes)
-    return MaskedImages(images, np.stack(masks), names, [image.name for image, _ in pairs])
+def probe_files(paths: Sequence[Path], bad: BadFiles, workers: int | None = None) -> dict[Path, Probe]:
+    """Each readable file's header (channels, upright size); the unreadable ones go to `bad`."""
+    probes: dict[Path, Probe] = {}
+    for path, result in decode_in_order(paths, probe_image, workers):
+        if isinstance(result, DataError):
+            bad.add(result, path)
+        else:
+            probes[path] = result
+    return probes
+
+
+def choose_policy(probes: Sequence[Probe], image_size: int | str, kind: str, key: str) -> ImagePolicy:
+    """The resize policy for files with these headers: gray when every file is gray, else RGB; `image_size` "auto"
+    keeps one shared size up to AUTO_KEEP_MAX[kind] a side, else resizes to AUTO_SIZE[kind]; a number resizes to it
+    (classification: shorter side, then the centre square; segmentation: the whole image stretched)."""
+    if not probes:
+        raise DataError(f"{key}: no readable image files")
+    channels = 3 if any(p.channels == 3 for p in probes) else 1
+    sizes = {(p.height, p.width) for p in probes}
+    resize = CROP if kind == "classification" else STRETCH
+    if image_size == "auto":
+        if len(sizes) == 1:
+            height, width = next(iter(sizes))
+            if max(height, width) <= AUTO_KEEP_MAX[kind]:
+                return ImagePolicy(channels, height, width, KEEP)
+        image_size = AUTO_SIZE[kind]
+    return ImagePolicy(channels, int(image_size), int(image_size), resize)

@@ -1,7 +1,9 @@
-"""Reading image and mask files (PNG, JPEG, TIFF, BMP) into uint8 arrays, with errors naming the file."""
+"""Image and mask files on disk: listing a folder (what is skipped and why), probing a file's header (channels and
+upright size, no decoding) and reading masks of class indices, with errors naming the file."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +12,43 @@ from PIL import Image, UnidentifiedImageError
 
 from trainlab.core.errors import DataError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif")
 TIFF_SUFFIXES = (".tif", ".tiff")
+GRAY_MODES = ("1", "L", "LA", "La", "I", "F", "I;16", "I;16B", "I;16L", "I;16N")
+EXIF_ORIENTATION = 0x0112
+TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+@dataclass
+class FolderListing:
+    """The image files of a folder (sorted by name) and what was left out: hidden files, other files."""
+
+    files: list[Path] = field(default_factory=list)
+    hidden: list[Path] = field(default_factory=list)
+    not_images: list[Path] = field(default_factory=list)
+
+    def add(self, other: FolderListing) -> None:
+        self.files += other.files
+        self.hidden += other.hidden
+        self.not_images += other.not_images
+
+
+def list_images(folder: Path) -> FolderListing:
+    """The files directly in `folder`: image files by suffix; hidden files (a leading dot: .DS_Store, ._x.jpg) and
+    files of other suffixes are listed apart, to be counted, never read."""
+    listing = FolderListing()
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            if path.is_file():
+                listing.hidden.append(path)
+        elif path.is_file():
+            (listing.files if path.suffix.lower() in IMAGE_SUFFIXES else listing.not_images).append(path)
+    return listing
 
 
 def list_image_files(folder: Path) -> list[Path]:
     """Image files directly in `folder`, sorted by name; hidden files and other suffixes are ignored."""
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES)
+    return list_images(folder).files
 
 
 def require_folder(folder: Path, what: str) -> Path:
@@ -28,63 +59,53 @@ def require_folder(folder: Path, what: str) -> Path:
     return folder
 
 
-def read_array(path: Path, palette_as_indices: bool = False) -> np.ndarray:
-    """The file's pixels (H, W) or (H, W, C); unreadable or corrupt files are DataErrors naming the file.
+@dataclass(frozen=True)
+class Probe:
+    """What a file's header says: gray or colour, and its size once upright (EXIF orientation applied)."""
 
-    Palette images become RGB, or stay palette indices when `palette_as_indices` (masks); alpha is dropped.
-    """
+    channels: int
+    height: int
+    width: int
+
+
+def probe_image(path: Path) -> Probe:
+    """Channels and upright size from the header alone (no pixels decoded); a DataError naming the file if it is not
+    an image Pillow (or tifffile) can open."""
+    try:
+        if path.suffix.lower() in TIFF_SUFFIXES:
+            with tifffile.TiffFile(path) as tif:
+                page = tif.pages[0]
+                shape = page.shape
+                samples = getattr(page, "samplesperpixel", 1)
+                return Probe(1 if samples == 1 else 3, int(shape[0]), int(shape[1]))
+        with Image.open(path) as image:
+            width, height = image.size
+            if image.getexif().get(EXIF_ORIENTATION) in TRANSPOSING_ORIENTATIONS:
+                width, height = height, width
+            gray = image.mode in GRAY_MODES
+            return Probe(1 if gray else 3, height, width)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, tifffile.TiffFileError,
+            Image.DecompressionBombError, IndexError) as exc:
+        raise DataError(f"{path}: unreadable or corrupt image ({type(exc).__name__}: {exc})") from None
+
+
+def read_array(path: Path, palette_as_indices: bool = False) -> np.ndarray:
+    """The file's pixels (H, W) or (H, W, C) as stored (masks: no scaling, no orientation); unreadable or corrupt
+    files are DataErrors naming the file. Palette images stay palette indices when `palette_as_indices`."""
     try:
         if path.suffix.lower() in TIFF_SUFFIXES:
             return np.asarray(tifffile.imread(path))
         with Image.open(path) as image:
             image.load()
-            return np.asarray(_normalize_mode(image, palette_as_indices))
+            if not (image.mode == "P" and palette_as_indices) and image.mode not in GRAY_MODES + ("RGB",):
+                image = image.convert("L" if image.mode in ("LA", "La") else "RGB")
+            return np.asarray(image)
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except (UnidentifiedImageError, OSError, ValueError, tifffile.TiffFileError, SyntaxError) as exc:
         raise DataError(f"{path}: unreadable or corrupt image ({exc})") from None
-
-
-def _normalize_mode(image: Image.Image, palette_as_indices: bool) -> Image.Image:
-    if image.mode == "P" and palette_as_indices:
-        return image
-    if image.mode in ("1", "L", "RGB", "I", "F") or image.mode.startswith("I;16"):
-        return image
-    return image.convert("L" if image.mode == "LA" else "RGB")
-
-
-def as_uint8_image(array: np.ndarray, path: Path, channels: int) -> np.ndarray:
-    """A (C, H, W) uint8 image from a decoded array, gray repeated to 3 channels when `channels` is 3."""
-    if array.dtype == np.bool_:
-        array = array.astype(np.uint8) * 255
-    if array.dtype != np.uint8:
-        raise DataError(f"{path}: {array.dtype} pixels; images must be 8-bit (convert it to 8-bit PNG/JPEG/TIFF)")
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.ndim != 3 or array.shape[2] not in (1, 3, 4):
-        raise DataError(f"{path}: unsupported image shape {array.shape}; expected H x W (gray) or H x W x 3 (RGB)")
-    array = array[:, :, :3]
-    if channels == 3 and array.shape[2] == 1:
-        array = np.repeat(array, 3, axis=2)
-    return np.ascontiguousarray(array.transpose(2, 0, 1))
-
-
-def image_channels(array: np.ndarray) -> int:
-    """1 for a gray image, 3 for colour (RGB or RGBA)."""
-    return 1 if array.ndim == 2 or array.shape[2] == 1 else 3
-
-
-def read_images(paths: list[Path]) -> np.ndarray:
-    """All images as one uint8 (N, C, H, W) array: gray when every file is gray, else RGB; sizes must agree."""
-    arrays = [read_array(path) for path in paths]
-    channels = max((image_channels(a) for a in arrays), default=1)
-    images = [as_uint8_image(a, path, channels) for a, path in zip(arrays, paths)]
-    first_shape = images[0].shape[1:]
-    for image, path in zip(images, paths):
-        if image.shape[1:] != first_shape:
-            raise DataError(f"{path}: image size {size_text(image.shape[1:])} differs from {size_text(first_shape)} "
-                            f"of {paths[0]}; all images must have the same size")
-    return np.stack(images)
 
 
 def size_text(shape: tuple[int, ...]) -> str:

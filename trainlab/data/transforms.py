@@ -19,7 +19,7 @@ PREPROCESSING_FILE = "preprocessing.json"
 FORMAT = "trainlab-preprocessing-v1"
 
 # Resize policies of the stored images (ImagePolicy.resize).
-KEEP = "none"  # stored as decoded: every image must already have the policy's size
+KEEP = "none"  # stored as decoded (prepare chose it because all had one size); another size is stretched to it
 CROP = "shorter_side_center_crop"  # shorter side to the size, then the centre square (torchvision's Resize + CenterCrop)
 STRETCH = "stretch"  # the whole image to height x width (segmentation: nothing is cut off, masks by nearest neighbour)
 RESIZES = (KEEP, CROP, STRETCH)
@@ -65,6 +65,8 @@ def decode_image(source: str | Path | bytes, name: str | None = None, draft_size
     large photos). Unreadable or truncated data is a DataError naming `name` (or the path).
     """
     where = name or (str(source) if not isinstance(source, bytes) else "image bytes")
+    if is_tiff(source):
+        return decode_tiff(source, where)
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             if draft_size and image.format == "JPEG":
@@ -80,6 +82,40 @@ def decode_image(source: str | Path | bytes, name: str | None = None, draft_size
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DataError(f"{where}: unreadable or corrupt image ({type(exc).__name__}: {exc})") from None
+
+
+def is_tiff(source: str | Path | bytes) -> bool:
+    if isinstance(source, bytes):
+        return source[:4] in (b"II*\x00", b"MM\x00*")
+    return Path(source).suffix.lower() in (".tif", ".tiff")
+
+
+def decode_tiff(source: str | Path | bytes, where: str) -> np.ndarray:
+    """TIFF through tifffile (any bit depth and sample format Pillow may not read), scaled to 8 bit like the rest."""
+    import tifffile
+
+    try:
+        array = np.asarray(tifffile.imread(io.BytesIO(source) if isinstance(source, bytes) else source))
+    except FileNotFoundError:
+        raise DataError(f"{where}: file not found") from None
+    except (tifffile.TiffFileError, OSError, ValueError, IndexError) as exc:
+        raise DataError(f"{where}: unreadable or corrupt image ({type(exc).__name__}: {exc})") from None
+    if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[2] not in (1, 3, 4):
+        array = array.transpose(1, 2, 0)  # planar (C, H, W) storage
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[2] not in (1, 2, 3, 4):
+        raise DataError(f"{where}: unsupported image shape {array.shape}; expected H x W (gray) or H x W x 3 (RGB)")
+    array = array[:, :, :1] if array.shape[2] == 2 else array[:, :, :3]
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if np.issubdtype(array.dtype, np.floating):
+        return scale_to_uint8(array, "F")
+    if array.dtype in (np.uint16, np.int16):
+        return scale_to_uint8(array.astype(np.int64), "I;16")
+    raise DataError(f"{where}: {array.dtype} pixels are not supported; use 8- or 16-bit integers or floats in 0..1")
 
 
 def to_uint8_pixels(image: Image.Image, where: str) -> np.ndarray:
@@ -128,15 +164,11 @@ def crop_box(width: int, height: int, size: int) -> tuple[tuple[int, int], tuple
 
 def apply_policy(pixels: np.ndarray, policy: ImagePolicy, where: str) -> np.ndarray:
     """Decoded (H, W, C) pixels -> the stored (C, height, width) uint8 image: channels to the policy's (gray repeated,
-    RGB to luminance), then resized. An image already at the size is not resampled (so a stored image written back
-    as PNG comes back bit for bit)."""
+    RGB to luminance), then resized (bilinear, antialiased). An image already at the size is not resampled (so a
+    stored image written back as PNG comes back bit for bit). `where` names the image (for callers' messages)."""
     pixels = match_channels(pixels, policy.channels)
     height, width = pixels.shape[:2]
     if (height, width) != (policy.height, policy.width):
-        if policy.resize == KEEP:
-            raise DataError(f"{where}: image size {width}x{height} (WxH) differs from {policy.width}x{policy.height} "
-                            "(WxH) of the others; set data.classification.image_size (or data.segmentation.image_size) "
-                            "to resize them")
         pixels = resize_pixels(pixels, policy, Image.Resampling.BILINEAR)
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
@@ -144,7 +176,7 @@ def apply_policy(pixels: np.ndarray, policy: ImagePolicy, where: str) -> np.ndar
 def resize_pixels(pixels: np.ndarray, policy: ImagePolicy, resample: Image.Resampling) -> np.ndarray:
     """(H, W, C) or (H, W) resized by the policy with Pillow (antialiased when shrinking)."""
     image = Image.fromarray(pixels[:, :, 0] if pixels.ndim == 3 and pixels.shape[2] == 1 else pixels)
-    if policy.resize == CROP:
+    if policy.resize == CROP and policy.height == policy.width:
         new_size, box = crop_box(image.width, image.height, policy.height)
         image = image.resize(new_size, resample).crop(box)
     else:

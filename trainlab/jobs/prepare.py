@@ -6,11 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from trainlab.core.config import Params
 from trainlab.data import sources, stats
+from trainlab.data.decoding import BadFiles
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
+from trainlab.data.sources import require_mask_classes
+from trainlab.data.splits import require_every_class
+from trainlab.data.writing import write_labeled_arrays, write_labeled_files, write_masked_arrays, write_masked_files
 from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer
 from trainlab.data.transforms import ImagePolicy, save_preprocessing
 from trainlab.core.errors import DataError
@@ -33,41 +38,111 @@ def save_image_preprocessing(folder: Path, task: str, policy: ImagePolicy, class
     save_preprocessing(folder, {"task": task, "class_names": class_names, "image": policy.to_dict()})
 
 
-def prepare_classification(params: Params, folder: Path, allow_download: bool, log: Log) -> dict[str, Any]:
-    """Write classification/{split}.safetensors (images uint8 N,C,H,W; labels int64) and meta.json."""
-    data = sources.classification_splits(params.data, params.base.seed, allow_download)
+def array_size(images: np.ndarray) -> dict[str, int]:
+    return stats.image_size(images)
+
+
+def policy_size(policy: ImagePolicy) -> dict[str, int]:
+    return {"channels": policy.channels, "height": policy.height, "width": policy.width}
+
+
+def folder_stats(report: sources.FolderReport | None, policy: ImagePolicy | None, bad: BadFiles) -> dict[str, Any]:
+    """A user folder's files (found, skipped, unreadable) and the resize policy, for reports/data_stats.json."""
+    if report is None:
+        return {}
+    return {"files": {**report.record(), "unreadable": bad.record()}, "resize": policy.to_dict() if policy else {}}
+
+
+def folder_log(report: sources.FolderReport | None, bad: BadFiles, policy: ImagePolicy | None) -> str:
+    if report is None:
+        return ""
+    skipped_bad = f", {len(bad.found):,} unreadable (data.bad_images: skip)" if bad.found else ""
+    resize = "" if policy is None or policy.resize == "none" else f"; resized ({policy.resize})"
+    return f"; {report.summary()}{skipped_bad}{resize}"
+
+
+def hflip_allowed(params: Params) -> bool:
+    """Whether a mirror keeps the label (augmentation and TTA): data.classification.hflip, whose auto is true for
+    photos (image folders, fashion_mnist, cifar10) and false for digits."""
+    cfg = params.data.classification
+    if cfg.hflip == "auto":
+        return cfg.source in sources.MIRROR_SAFE_SOURCES
+    return cfg.hflip
+
+
+def prepare_classification(params: Params, folder: Path, allow_download: bool, log: Log,
+                           workers: int | None = None) -> dict[str, Any]:
+    """Write classification/{split}.safetensors (or shards; images uint8 N,C,H,W; labels int64), meta.json and
+    preprocessing.json; image files are decoded a shard at a time on all cores."""
+    bad = BadFiles(params.data.bad_images, params.data.classification.root)
+    data = sources.classification_splits(params.data, params.base.seed, allow_download, bad)
+    labels = {}
     for split in sources.SPLITS:
-        save_split(folder, split, {"images": torch.from_numpy(data.images[split]),
-                                   "labels": torch.from_numpy(data.labels[split])})
-    size = stats.image_size(data.images["train"])
-    counts = stats.sample_counts({s: len(data.labels[s]) for s in sources.SPLITS})
-    hflip = params.data.classification.source in sources.MIRROR_SAFE_SOURCES  # flips for augmentation and TTA
+        images = data.images[split]
+        if isinstance(images, np.ndarray):
+            written = write_labeled_arrays(folder, split, images, data.labels[split])
+        else:
+            written = write_labeled_files(folder, split, images, data.labels[split], data.policy, bad, workers)
+        labels[split] = written.labels
+    bad.check()
+    for split in sources.SPLITS:  # what is left once unreadable files are skipped
+        require_written(labels[split], data.class_names, folder, split, data.description)
+    size = policy_size(data.policy) if data.policy else array_size(data.images["train"])
+    counts = stats.sample_counts({s: len(labels[s]) for s in sources.SPLITS})
+    hflip = hflip_allowed(params)
+    augment = "photo" if params.data.classification.source == "image_folder" else "shift"
     save_image_preprocessing(folder, "classifier", data.policy or stored_policy(size), data.class_names)
     save_meta(folder, {"task": "classification", "source": data.description, "num_classes": len(data.class_names),
-                       "class_names": data.class_names, **size, "counts": counts, "hflip": hflip})
+                       "class_names": data.class_names, **size, "counts": counts, "hflip": hflip,
+                       "augment": augment})
     log(f"classification ({data.description}): {split_counts_text(counts)}; "
-        f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}")
+        f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}"
+        + folder_log(data.folder, bad, data.policy))
     return {"num_classes": len(data.class_names), **size, "samples": counts,
-            "per_class": {s: stats.class_counts(data.labels[s], data.class_names) for s in sources.SPLITS}}
+            "per_class": {s: stats.class_counts(labels[s], data.class_names) for s in sources.SPLITS},
+            **folder_stats(data.folder, data.policy, bad)}
 
 
-def prepare_segmentation(params: Params, folder: Path, log: Log) -> dict[str, Any]:
-    """Write segmentation/{split}.safetensors (images uint8 N,C,H,W; masks uint8 N,H,W) and meta.json."""
-    data = sources.segmentation_splits(params.data, params.base.seed)
+def require_written(labels: np.ndarray, class_names: list[str], folder: Path, split: str, where: str) -> None:
+    if len(labels) == 0:
+        raise DataError(f"{where}: the {split} split is empty once unreadable files are left out")
+    require_every_class(labels, class_names, f"{where} ({split} split, readable files)")
+
+
+def prepare_segmentation(params: Params, folder: Path, log: Log, workers: int | None = None) -> dict[str, Any]:
+    """Write segmentation/{split}.safetensors (or shards; images uint8 N,C,H,W; masks uint8 N,H,W), meta.json and
+    preprocessing.json."""
+    seg = params.data.segmentation
+    bad = BadFiles(params.data.bad_images, seg.root)
+    data = sources.segmentation_splits(params.data, params.base.seed, bad)
+    num_classes = len(data.class_names)
+    written = {}
     for split in sources.SPLITS:
-        save_split(folder, split, {"images": torch.from_numpy(data.images[split]),
-                                   "masks": torch.from_numpy(data.masks[split])})
-    size = stats.image_size(data.images["train"])
-    counts = stats.sample_counts({s: len(data.masks[s]) for s in sources.SPLITS})
+        images = data.images[split]
+        if isinstance(images, np.ndarray):
+            written[split] = write_masked_arrays(folder, split, images, data.masks[split], num_classes)
+        else:
+            written[split] = write_masked_files(folder, split, images, data.policy, num_classes, bad, workers)
+    bad.check()
+    for split in sources.SPLITS:
+        if written[split].count == 0:
+            raise DataError(f"{data.description}: the {split} split is empty once unreadable files are left out")
+    if data.folder is not None:
+        require_mask_classes(sum(w.pixel_counts for w in written.values()), data.class_names, Path(seg.root))
+    size = policy_size(data.policy) if data.policy else array_size(data.images["train"])
+    counts = stats.sample_counts({s: written[s].count for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
     save_image_preprocessing(folder, "segmenter", data.policy or stored_policy(size), data.class_names)
-    save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": len(data.class_names),
+    save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": num_classes,
                        "class_names": data.class_names, **size, "counts": counts, "hflip": False,
                        "symmetries": symmetries})
     log(f"segmentation ({data.description}): {split_counts_text(counts)}; "
-        f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}; symmetries {symmetries}")
-    return {"num_classes": len(data.class_names), **size, "samples": counts, **data.extra,
-            "pixel_fraction": {s: stats.pixel_fractions(data.masks[s], data.class_names) for s in sources.SPLITS}}
+        f"{num_classes} classes, {size['channels']}x{size['height']}x{size['width']}; symmetries {symmetries}"
+        + folder_log(data.folder, bad, data.policy))
+    return {"num_classes": num_classes, **size, "samples": counts, **data.extra,
+            "pixel_fraction": {s: stats.pixel_fractions_from_counts(written[s].pixel_counts, data.class_names)
+                               for s in sources.SPLITS},
+            **folder_stats(data.folder, data.policy, bad)}
 
 
 def segmentation_symmetries(params: Params) -> str:
@@ -117,11 +192,13 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
             "token_length": {s: stats.token_lengths(lengths[s], cfg.max_length) for s in sources.SPLITS}}
 
 
-def prepare_all(params: Params, out_dir: str | Path, allow_download: bool = False, log: Log = print) -> dict[str, Any]:
-    """Write ``<out_dir>/{classification,segmentation,text}`` and return the dataset statistics."""
+def prepare_all(params: Params, out_dir: str | Path, allow_download: bool = False, log: Log = print,
+                workers: int | None = None) -> dict[str, Any]:
+    """Write ``<out_dir>/{classification,segmentation,text}`` and return the dataset statistics; image files are
+    decoded on `workers` threads (default: every available core; the bytes written do not depend on it)."""
     out_dir = Path(out_dir)
     return {
-        "classification": prepare_classification(params, out_dir / "classification", allow_download, log),
-        "segmentation": prepare_segmentation(params, out_dir / "segmentation", log),
+        "classification": prepare_classification(params, out_dir / "classification", allow_download, log, workers),
+        "segmentation": prepare_segmentation(params, out_dir / "segmentation", log, workers),
         "text": prepare_text(params, out_dir / "text", log),
     }

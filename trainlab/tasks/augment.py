@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -79,3 +81,25 @@ def random_symmetry(tensors: list[torch.Tensor], symmetries: str, gen: torch.Gen
     if symmetries == "dihedral" and out[0].shape[-1] == out[0].shape[-2]:
         out = [where(draws[2], t.transpose(-2, -1), t) for t in out]
     return out
+
+
+def random_resized_crop(images: torch.Tensor, gen: torch.Generator, hflip: bool, scale: tuple[float, float] = (0.25, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
+    """torchvision's RandomResizedCrop (and RandomHorizontalFlip) for a batch of float images (N,C,H,W), batched in
+    one grid_sample: per sample a window of `scale` of the area and `ratio` of aspect at a random place, resized back
+    to H x W (bilinear), mirrored half the time when `hflip`."""
+    n, device = images.shape[0], images.device
+    draws = torch.rand(5, n, generator=gen, device=device)
+    area = scale[0] + (scale[1] - scale[0]) * draws[0]
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])  # Python floats: no host-to-device copy
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * draws[1])
+    width = torch.sqrt(area * aspect).clamp(max=1.0)  # fractions of the image's width and height
+    height = torch.sqrt(area / aspect).clamp(max=1.0)
+    cx = (1 - width) * (2 * draws[2] - 1)  # window centre in [-1, 1] coordinates, the window inside the image
+    cy = (1 - height) * (2 * draws[3] - 1)
+    mirror = torch.where(draws[4] < 0.5, -1.0, 1.0) if hflip else torch.ones_like(width)
+    theta = torch.zeros(n, 2, 3, device=device, dtype=images.dtype)
+    theta[:, 0, 0], theta[:, 0, 2] = width * mirror, cx
+    theta[:, 1, 1], theta[:, 1, 2] = height, cy
+    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)

@@ -12,7 +12,7 @@ from torch import nn
 from trainlab.core.config import ClassifierParams
 from trainlab.engine.contract import Task
 from trainlab.models.classifier import build_classifier
-from trainlab.tasks.augment import random_hflip, random_shift, to_float_images
+from trainlab.tasks.augment import random_hflip, random_resized_crop, random_shift, to_float_images
 from trainlab.tasks.base import TaskCode
 from trainlab.tasks.metrics import metric_collection
 
@@ -25,10 +25,15 @@ FEATURE_CHANNELS = 4  # channels shown per feature-map layer
 
 
 def classification_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0, augment: bool = True,
-                        hflip: bool = False, head: nn.Module | None = None, head_lr: float | None = None) -> Task:
+                        hflip: bool = False, head: nn.Module | None = None, head_lr: float | None = None,
+                        photo: bool = False) -> Task:
+    """`photo`: augment as torchvision's references do for photos (random resized crop, flips where `hflip`); else
+    2-pixel shifts (and flips where `hflip`), for small fixed-size images such as digits."""
     def prepare(batch, train, gen):
         images = batch["images"]
         if train and augment and gen is not None:
+            if photo:
+                return random_resized_crop(to_float_images(images), gen, hflip), batch["labels"]
             (images,) = random_shift([images], 2, gen)
             if hflip:
                 (images,) = random_hflip([images], gen)
@@ -85,7 +90,8 @@ class ClassifierCode(TaskCode):
             return classification_task(model, meta["num_classes"])
         head = model.head if cfg.head_lr is not None else None
         return classification_task(model, meta["num_classes"], cfg.label_smoothing, cfg.augment,
-                                   hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr)
+                                   hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr,
+                                   photo=meta.get("augment") == "photo")
 
     def evaluate(self, inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskReport:
         from trainlab.tasks.scoring import FEW_EXAMPLES, evaluate_labels

@@ -1,0 +1,129 @@
+"""Writing a split into the prepared format as it is produced: images decoded from files (on all cores) or sliced
+from arrays, a shard at a time, so prepare never holds more than about one shard whatever the data's size."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainlab.core.errors import DataError
+from trainlab.data.decoding import BadFiles, decode_in_order
+from trainlab.data.images import read_mask, size_text
+from trainlab.data.prepared import SHARD_BYTES, ShardWriter
+from trainlab.data.transforms import ImagePolicy, apply_policy, decode_image, resize_mask
+
+ARRAY_CHUNK = 4096  # samples sliced from an in-memory array per write
+
+
+@dataclass
+class WrittenSplit:
+    """What was written: the labels kept (after skipping bad files), and per-class mask pixel counts."""
+
+    count: int
+    labels: np.ndarray | None = None
+    pixel_counts: np.ndarray | None = None
+
+
+def image_bytes(policy: ImagePolicy) -> int:
+    return policy.channels * policy.height * policy.width
+
+
+def write_labeled_arrays(folder: Path, split: str, images: np.ndarray, labels: np.ndarray,
+                         shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
+    """uint8 images (N, C, H, W) and int64 labels already in memory."""
+    writer = ShardWriter(folder, split, int(np.prod(images.shape[1:])) + 8, shard_bytes)
+    for start in range(0, len(images), ARRAY_CHUNK):
+        writer.add({"images": torch.from_numpy(np.ascontiguousarray(images[start:start + ARRAY_CHUNK])),
+                    "labels": torch.from_numpy(np.ascontiguousarray(labels[start:start + ARRAY_CHUNK]))})
+    return WrittenSplit(writer.close(), labels)
+
+
+def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels: np.ndarray, policy: ImagePolicy,
+                        bad: BadFiles, workers: int | None = None, shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
+    """Image files decoded and resized by `policy` in parallel, in order; unreadable ones go to `bad` (which raises in
+    its "error" mode) and are left out."""
+    writer = ShardWriter(folder, split, image_bytes(policy) + 8, shard_bytes)
+    chunk = max(64, min(writer.samples_per_shard, 1024))
+    kept_labels: list[int] = []
+    pending_images: list[np.ndarray] = []
+
+    def flush() -> None:
+        if pending_images:
+            writer.add({"images": torch.from_numpy(np.stack(pending_images)),
+                        "labels": torch.tensor(kept_labels[-len(pending_images):], dtype=torch.int64)})
+            pending_images.clear()
+
+    def decode(item: tuple[Path, int]) -> np.ndarray:
+        path = item[0]
+        return apply_policy(decode_image(path, str(path), draft_size=policy.height), policy, str(path))
+
+    for (path, label), result in decode_in_order(zip(files, labels.tolist()), decode, workers, chunk):
+        if isinstance(result, DataError):
+            bad.add(result, path)
+            continue
+        pending_images.append(result)
+        kept_labels.append(label)
+        if len(pending_images) == chunk:
+            flush()
+    flush()
+    return WrittenSplit(writer.close(), np.array(kept_labels, dtype=np.int64))
+
+
+def write_masked_arrays(folder: Path, split: str, images: np.ndarray, masks: np.ndarray, num_classes: int,
+                        shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
+    """uint8 images (N, C, H, W) and uint8 masks (N, H, W) already in memory."""
+    writer = ShardWriter(folder, split, int(np.prod(images.shape[1:])) + int(np.prod(masks.shape[1:])), shard_bytes)
+    for start in range(0, len(images), ARRAY_CHUNK):
+        writer.add({"images": torch.from_numpy(np.ascontiguousarray(images[start:start + ARRAY_CHUNK])),
+                    "masks": torch.from_numpy(np.ascontiguousarray(masks[start:start + ARRAY_CHUNK]))})
+    counts = np.bincount(masks.ravel(), minlength=num_classes)[:num_classes]
+    return WrittenSplit(writer.close(), pixel_counts=counts)
+
+
+def read_pair(image_path: Path, mask_path: Path, policy: ImagePolicy, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """An image and its mask, checked to match in size, both brought to the policy's size (the mask by nearest
+    neighbour)."""
+    pixels = decode_image(image_path, str(image_path), draft_size=None)
+    mask = read_mask(mask_path, num_classes)
+    if mask.shape != pixels.shape[:2]:
+        raise DataError(f"{mask_path}: mask size {size_text(mask.shape)} does not match image {image_path} size "
+                        f"{size_text(pixels.shape[:2])}")
+    return apply_policy(pixels, policy, str(image_path)), resize_mask(mask, policy)
+
+
+def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Path]], policy: ImagePolicy,
+                       num_classes: int, bad: BadFiles, workers: int | None = None,
+                       shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
+    """(image, mask) file pairs decoded in parallel, in order. An unreadable image goes to `bad`; a mask that is
+    wrong (size, values) is always an error: skipping it would hide a labelling mistake."""
+    writer = ShardWriter(folder, split, image_bytes(policy) + policy.height * policy.width, shard_bytes)
+    chunk = max(64, min(writer.samples_per_shard, 1024))
+    counts = np.zeros(num_classes, dtype=np.int64)
+    images: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+
+    def flush() -> None:
+        if images:
+            writer.add({"images": torch.from_numpy(np.stack(images)), "masks": torch.from_numpy(np.stack(masks))})
+            images.clear()
+            masks.clear()
+
+    for (image_path, mask_path), result in decode_in_order(
+            pairs, lambda pair: read_pair(pair[0], pair[1], policy, num_classes), workers, chunk):
+        if isinstance(result, DataError):
+            if str(result).startswith(f"{image_path}: unreadable"):
+                bad.add(result, image_path)
+                continue
+            raise result
+        image, mask = result
+        images.append(image)
+        masks.append(mask)
+        counts += np.bincount(mask.ravel(), minlength=num_classes)[:num_classes]
+        if len(images) == chunk:
+            flush()
+    flush()
+    return WrittenSplit(writer.close(), pixel_counts=counts)
