@@ -1,4 +1,5 @@
-"""Batches for the engine: device-resident tensors drawn by seeded permutation, or a seeded DataLoader."""
+"""Batches for the engine: device-resident tensors drawn by seeded permutation, or a seeded DataLoader over tensors
+in memory or a prepared split streamed from disk; both give the same batches in the same order."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ Batch = dict[str, torch.Tensor]
 
 def tensors_nbytes(tensors: Batch) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def on_disk(tensors: Batch) -> bool:
+    """True when some tensor is a lazy column of a prepared split on disk (trainlab.data.shards), not in memory."""
+    return any(not torch.is_tensor(t) for t in tensors.values())
 
 
 def num_samples(tensors: Batch) -> int:
@@ -56,15 +62,18 @@ class DeviceBatches:
             yield {k: v[sel] for k, v in self.tensors.items()}
 
 
-class _DictDataset(Dataset):
+class _BatchDataset(Dataset):
+    """Item i of the loader is a whole batch: the rows an index list names, read in one go (from memory, or from
+    disk for a ShardSplit's columns), so a worker reads a batch at a time."""
+
     def __init__(self, tensors: Batch):
         self.tensors = tensors
 
     def __len__(self) -> int:
         return num_samples(self.tensors)
 
-    def __getitem__(self, i: int) -> Batch:
-        return {k: v[i] for k, v in self.tensors.items()}
+    def __getitem__(self, rows: torch.Tensor) -> Batch:
+        return {k: v[rows] for k, v in self.tensors.items()}
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -77,41 +86,63 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+class _EpochBatches(torch.utils.data.Sampler):
+    """The index lists of one epoch's batches, set by the main process before each pass (so persistent workers
+    serve every epoch, and which worker reads a batch never changes what is in it)."""
+
+    def __init__(self):
+        self.batches: list[torch.Tensor] = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 class LoaderBatches:
-    """Data too large for the device: a DataLoader with workers, pinned memory and seeded shuffling per epoch."""
+    """Data that does not live on the device (or in memory): a DataLoader whose workers read whole batches, in the
+    same seeded order as DeviceBatches, prefetched, pinned on CUDA. Augmentation happens later, on the device, in
+    the task's batch transform: so the batches, and the training, do not depend on the number of workers."""
 
     def __init__(self, tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool,
                  drop_last: bool, num_workers: int = 2, rank: int = 0, world_size: int = 1):
-        self.dataset = _DictDataset(tensors)
+        self.dataset = _BatchDataset(tensors)
         self.n = len(self.dataset)
         self.batch_size, self.device, self.seed, self.shuffle = batch_size, device, seed, shuffle
         self.drop_last = drop_last and self.n // world_size >= batch_size
         self.num_workers, self.rank, self.world_size = num_workers, rank, world_size
+        self.sampler = _EpochBatches()
+        self.loader = DataLoader(self.dataset, sampler=self.sampler, batch_size=None, num_workers=num_workers,
+                                 pin_memory=device.type == "cuda", worker_init_fn=_seed_worker,
+                                 persistent_workers=num_workers > 0,
+                                 generator=generator(seed, "workers"))  # not the global RNG: training's own
 
     def __len__(self) -> int:
         per_rank = self.n // self.world_size
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+    def order(self, epoch: int) -> torch.Tensor:
         if self.shuffle:
             idx = torch.randperm(self.n, generator=generator(self.seed, "shuffle", epoch))
         else:
             idx = torch.arange(self.n)
-        idx = idx[: (self.n // self.world_size) * self.world_size][self.rank :: self.world_size]
-        idx = idx[start_step * self.batch_size :]
-        loader = DataLoader(
-            torch.utils.data.Subset(self.dataset, idx.tolist()), batch_size=self.batch_size, shuffle=False,
-            drop_last=self.drop_last, num_workers=self.num_workers, pin_memory=self.device.type == "cuda",
-            worker_init_fn=_seed_worker, generator=generator(self.seed, "workers", epoch),
-            persistent_workers=False,
-        )
-        for batch in loader:
+        if self.world_size > 1:
+            idx = idx[: (self.n // self.world_size) * self.world_size][self.rank :: self.world_size]
+        return idx
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        idx = self.order(epoch)
+        self.sampler.batches = [idx[step * self.batch_size : (step + 1) * self.batch_size]
+                                for step in range(start_step, len(self))]
+        for batch in self.loader:
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
 def make_batches(tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool, drop_last: bool,
                  max_device_mb: int, num_workers: int = 2, rank: int = 0, world_size: int = 1):
-    """Device-resident batches when the data fits in `max_device_mb`, else a DataLoader."""
-    if tensors_nbytes(tensors) <= max_device_mb * 2**20:
+    """Device-resident batches when the data is in memory and fits in `max_device_mb`, else a DataLoader (data on
+    disk is always read through one)."""
+    if not on_disk(tensors) and tensors_nbytes(tensors) <= max_device_mb * 2**20:
         return DeviceBatches(tensors, batch_size, device, seed, shuffle, drop_last, rank, world_size)
     return LoaderBatches(tensors, batch_size, device, seed, shuffle, drop_last, num_workers, rank, world_size)

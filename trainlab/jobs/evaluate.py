@@ -53,16 +53,20 @@ def load_model(folder: Path, name: str, device: torch.device):
         raise CheckpointError(f"{folder / 'config.json'}: {exc}") from None
 
 
-def load_inputs(name: str, data_root: Path, models_root: Path, device: torch.device) -> TaskInputs:
-    """Read models/<name> and the test split of its prepared data; a mismatch is a clear error naming the files."""
-    from trainlab.data.prepared import load_meta, load_split
+def load_inputs(name: str, data_root: Path, models_root: Path, device: torch.device,
+                max_in_memory_mb: int | None = None) -> TaskInputs:
+    """Read models/<name> and the test split of its prepared data (in memory up to `max_in_memory_mb`, else its
+    inputs read from disk a batch at a time); a mismatch is a clear error naming the files."""
+    from trainlab.data.prepared import load_meta
+    from trainlab.data.shards import open_split
     from trainlab.tasks.base import check_prepared
 
     spec = get(name)
     data_dir, model_dir = Path(data_root) / spec.data_folder, Path(models_root) / name
     meta = load_meta(data_dir)
     saved = load_model(model_dir, name, device)
-    test = load_split(data_dir, "test")
+    test = open_split(data_dir, "test", max_in_memory_mb, spec.load().streamable)
+    test = {k: v.load() if not torch.is_tensor(v) and v.ndim == 1 else v for k, v in test.items()}  # labels in memory
     inputs = TaskInputs(name, saved.model, saved.config, saved.info, meta, test, model_dir, data_dir)
     check_model_matches_meta(inputs)
     check_prepared(spec, data_dir, meta, {"test": test})
@@ -182,7 +186,8 @@ def run_evaluation(params: Params, data_root: str | Path, models_root: str | Pat
 
     runtime = runtime or resolve_runtime(params.base)
     tasks = tasks or names()
-    inputs = {name: load_inputs(name, Path(data_root), Path(models_root), runtime.device) for name in tasks}
+    inputs = {name: load_inputs(name, Path(data_root), Path(models_root), runtime.device,
+                                params.base.data_on_device_max_mb) for name in tasks}
     reports = {name: item.code.evaluate(item, runtime, params) for name, item in inputs.items()}
     with atomic_dir(out_dir) as staging:
         metrics = write_reports(staging, reports)

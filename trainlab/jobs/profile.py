@@ -73,7 +73,8 @@ def test_batch(split: Batch, batch_size: int, device: torch.device) -> Batch:
 
 def load_model(name: str, params: Params, data_root: Path, models_root: Path, device: torch.device) -> Loaded:
     """models/<name> (weights and architecture) as the engine Task that trained it, plus its profiling batch."""
-    from trainlab.data.prepared import load_meta, load_split
+    from trainlab.data.prepared import load_meta
+    from trainlab.data.shards import ShardSplit
     from trainlab.tasks.saved import load_saved_model
 
     spec = get(name)
@@ -84,7 +85,7 @@ def load_model(name: str, params: Params, data_root: Path, models_root: Path, de
     # the loss, batch transform and head of the task, around the trained model (not a fresh or pretrained one)
     task = spec.load().make_task(saved.model, meta, cfg)
     saved.model.train()
-    batch = test_batch(load_split(data_dir, "test"), params.profile.batch_size, device)
+    batch = test_batch(ShardSplit(data_dir, "test"), params.profile.batch_size, device)  # reads just that batch
     return Loaded(name, task, str(saved.config.get("arch", name)), batch)
 
 

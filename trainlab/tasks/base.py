@@ -40,6 +40,7 @@ class TaskCode:
     pictures: dict[str, str] = {}  # picture kind (trainlab.jobs.pictures.DRAW) -> file in reports/evaluate
     confusion: bool = True  # labelled task: confusion rows and matrix in reports/evaluate
     dense = False  # per-pixel predictions (TTA moves them back)
+    streamable = True  # its splits may be read from disk a batch at a time (fit_statistics needs none whole)
 
     @property
     def spec(self) -> TaskSpec:

@@ -114,6 +114,7 @@ class TextCode(TaskCode):
     params_type = TextParams
     builder = staticmethod(build_text_model)
     pictures = {"attention": "attention.png", "ngrams": "text_ngrams.png"}
+    streamable = False  # the bags' statistics read the whole training split (token ids are small anyway)
 
     def sizes(self, meta: dict) -> dict[str, Any]:
         return {"vocab_size": meta["vocab_size"], "num_classes": meta["num_classes"],

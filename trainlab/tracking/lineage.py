@@ -77,10 +77,25 @@ SPLIT_CONTEXTS = {"train": "training", "val": "validation", "test": "test"}
 
 
 def split_inputs(data_dir: str | os.PathLike, splits: Sequence[str] = ("train", "val", "test")) -> list[DataInput]:
-    """The DataInputs of a prepared-data folder's splits (``<folder>/<split>.safetensors``)."""
+    """The DataInputs of a prepared-data folder's splits (``<folder>/<split>.safetensors``, or its first shard
+    ``<split>-00000.safetensors`` for a split written in shards: the digest then covers every shard)."""
     folder = Path(data_dir)
-    return [DataInput(f"{folder.name}/{split}", str(folder / f"{split}.safetensors"), SPLIT_CONTEXTS[split])
-            for split in splits]
+    inputs = []
+    for split in splits:
+        single, first = folder / f"{split}.safetensors", folder / f"{split}-00000.safetensors"
+        path = first if not single.exists() and first.exists() else single
+        inputs.append(DataInput(f"{folder.name}/{split}", str(path), SPLIT_CONTEXTS[split]))
+    return inputs
+
+
+def split_md5(path: str | os.PathLike) -> str:
+    """The md5 of a split file, or for a first shard the md5 of its shards' md5s (in order)."""
+    path = Path(path)
+    if not path.name.endswith("-00000.safetensors"):
+        return file_md5(path)
+    split = path.name[:-len("-00000.safetensors")]
+    shards = sorted(p for p in path.parent.glob(f"{split}-*.safetensors"))
+    return hashlib.md5("".join(file_md5(p) for p in shards).encode()).hexdigest()
 
 
 def file_md5(path: str | os.PathLike) -> str:
@@ -96,6 +111,6 @@ def dataset_inputs(inputs: Sequence[DataInput]) -> list[Any]:
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    return [DatasetInput(Dataset(name=i.name, digest=file_md5(i.path), source_type="local",
+    return [DatasetInput(Dataset(name=i.name, digest=split_md5(i.path), source_type="local",
                                  source=json.dumps({"uri": i.path})),
                          tags=[InputTag(MLFLOW_DATASET_CONTEXT, i.context)]) for i in inputs]
