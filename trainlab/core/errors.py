@@ -41,3 +41,9 @@ class OutputNotWritten(UserError):
     """An output (checkpoint, model, report) could not be written: the disk is full or a file-size limit was hit."""
 
     exit_code = 7
+
+
+class InputsRejected(UserError):
+    """Some inputs of a prediction could not be read; the others were predicted and written."""
+
+    exit_code = 8

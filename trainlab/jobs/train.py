@@ -124,7 +124,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     """The whole training stage for one task; writes model_dir and reports_dir only on success.
     Under torchrun every rank trains; only rank 0 tracks and writes. `options`: the task's own stage options
     (TaskCode.add_arguments), such as the text model's `baseline` file."""
-    from trainlab.data.prepared import load_meta, load_split
+    from trainlab.data.prepared import load_meta
+    from trainlab.data.shards import open_split
     from trainlab.tracking.lineage import split_inputs
     from trainlab.tracking.runs import PendingTracker, start_run_in_background
     from trainlab.tracking.tracker import NullTracker
@@ -135,7 +136,9 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     cfg: TrainParams = getattr(params, spec.params_section)
     seed = params.base.seed
     meta = load_meta(data_dir)
-    splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
+    # in memory up to base.data_on_device_max_mb a split, else streamed from disk a batch at a time
+    splits = {s: open_split(data_dir, s, params.base.data_on_device_max_mb, spec.load().streamable)
+              for s in ("train", "val", "test")}
     check_prepared(spec, data_dir, meta, splits, cfg.batch_size)
     runtime = runtime or resolve_runtime(params.base)
     ctx = distributed.setup(params.base.distributed, runtime.device.type)
@@ -252,6 +255,10 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     tracker.log_artifact(model_dir / "config.json", "model_files")
     model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
     registered = f"trainlab-{name}" if params.tracking.register_models else None
+    # an MLflow pyfunc on raw inputs (trainlab.serving): the model folder, a few raw test inputs as its example
+    from trainlab.serving.flavor import raw_example
+
     tracker.log_model(model, name=name, input_example=input_example(test_split, task).cpu(),
-                      registered_model_name=registered)
+                      registered_model_name=registered, model_dir=model_dir,
+                      raw_example=raw_example(name, test_split, data_dir))
 

@@ -123,12 +123,14 @@ class QueuedTracker(PendingTracker):
             raise FileNotFoundError(f"cannot log artifact {local}: no such file or directory")
         self.put("log_artifact", path=str(local.resolve()), artifact_path=artifact_path)
 
-    def log_model(self, model: Any, name: str, input_example: Any, registered_model_name: str | None = None) -> None:
+    def log_model(self, model: Any, name: str, input_example: Any, registered_model_name: str | None = None,
+                  model_dir: str | os.PathLike | None = None, raw_example: dict[str, list[Any]] | None = None) -> None:
         if input_example is None:
             raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
                              "describe the model")
         self.put("log_model", model=model, name=name, input_example=input_example,
-                 registered_model_name=registered_model_name)
+                 registered_model_name=registered_model_name,
+                 model_dir=None if model_dir is None else str(Path(model_dir).resolve()), raw_example=raw_example)
 
     def put(self, method: str, /, **kwargs: Any) -> None:
         if self.error is not None:

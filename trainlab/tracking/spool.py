@@ -22,6 +22,8 @@ from trainlab.core.errors import TrackingUnavailable
 from trainlab.tracking.queue import Call, is_outage
 
 SPOOL_ROOT = Path(".trainlab") / "spool"
+SPOOLED_MODEL = "model"  # files/<seq>/model/: the model folder a raw-input (pyfunc) model is logged from
+RAW_EXAMPLE = "raw_example.json"  # files/<seq>/raw_example.json: its raw input example (bytes as base64)
 LOGGED = "logged"  # marker: every call was made; only the outputs are left for the stage's next run
 
 
@@ -41,7 +43,8 @@ def execute(tracker: Any, call: Call) -> None:
     if call.name == "log_metrics":
         tracker.log_metrics(kw["metrics"], step=kw["step"], timestamp_ms=kw["timestamp_ms"])
     elif call.name == "log_model":
-        log_model_once(tracker, kw["model"], kw["name"], kw["input_example"], kw["registered_model_name"])
+        log_model_once(tracker, kw["model"], kw["name"], kw["input_example"], kw["registered_model_name"],
+                       kw.get("model_dir"), kw.get("raw_example"))
     elif call.name == "log_saved_model":
         from safetensors.torch import load_file
 
@@ -50,14 +53,18 @@ def execute(tracker: Any, call: Call) -> None:
         folder = Path(kw["folder"])
         model = load_saved_model(folder, kw["task"]).model
         example = load_file(str(folder / "input_example.safetensors"))["x"]
-        log_model_once(tracker, model, kw["name"], example, kw["registered_model_name"])
+        # a spool written before raw-input models has no model/ copy: its model is logged tensor-level, as then
+        model_dir = folder / SPOOLED_MODEL if (folder / SPOOLED_MODEL).is_dir() else None
+        raw = read_raw_example(folder / RAW_EXAMPLE) if (folder / RAW_EXAMPLE).is_file() else None
+        log_model_once(tracker, model, kw["name"], example, kw["registered_model_name"], model_dir, raw)
     elif call.name == "end_run":
         retry(tracker._client.set_terminated, tracker.run_id, kw["status"])
     else:
         getattr(tracker, call.name)(**kw)
 
 
-def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered: str | None) -> None:
+def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered: str | None,
+                   model_dir: str | Path | None = None, raw_example: dict[str, list[Any]] | None = None) -> None:
     """Log `model` under `name` unless the run already has a READY model of that name (a half-logged one is
     deleted first); register it unless the registered model already has a version from this run."""
     from trainlab.tracking.retry import retry
@@ -76,7 +83,8 @@ def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered
         model_id = ready[0].model_id
         tracker.last_model_uri = f"models:/{model_id}"
     else:
-        tracker.log_model(model, name, example, registered_model_name=None)
+        tracker.log_model(model, name, example, registered_model_name=None, model_dir=model_dir,
+                          raw_example=raw_example)
         model_id = tracker.last_model_uri.rsplit("/", 1)[-1]
     if not registered or not tracker.register_models:
         return
@@ -136,10 +144,30 @@ def _serialise(call: Call, root: Path) -> dict[str, Any]:
         finally:
             restore()
         save_file({"x": kw["input_example"].detach().contiguous().cpu()}, str(files / "input_example.safetensors"))
+        if kw.get("model_dir") and kw.get("raw_example") is not None and Path(kw["model_dir"]).is_dir():
+            # what the raw-input (pyfunc) model needs: the model folder as the stage wrote it, and raw inputs
+            shutil.copytree(kw["model_dir"], files / SPOOLED_MODEL)
+            write_raw_example(files / RAW_EXAMPLE, kw["raw_example"])
         return {"seq": call.seq, "name": "log_saved_model",
                 "kwargs": {"folder": f"files/{call.seq}", "task": kw["name"], "name": kw["name"],
                            "registered_model_name": kw["registered_model_name"]}}
     return {"seq": call.seq, "name": call.name, "kwargs": kw}
+
+
+def write_raw_example(path: Path, example: dict[str, list[Any]]) -> None:
+    import base64
+
+    columns = {name: [{"base64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v for v in values]
+               for name, values in example.items()}
+    path.write_text(json.dumps(columns))
+
+
+def read_raw_example(path: Path) -> dict[str, list[Any]]:
+    import base64
+
+    columns = json.loads(path.read_text())
+    return {name: [base64.b64decode(v["base64"]) if isinstance(v, dict) else v for v in values]
+            for name, values in columns.items()}
 
 
 def read_calls(folder: Path) -> list[Call]:

@@ -63,7 +63,8 @@ class NullTracker:
         pass
 
     def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
-                  registered_model_name: str | None = None) -> str | None:
+                  registered_model_name: str | None = None, model_dir: str | os.PathLike | None = None,
+                  raw_example: dict[str, list[Any]] | None = None) -> str | None:
         return None
 
 
@@ -149,25 +150,34 @@ class MlflowTracker:
     # -- models ----------------------------------------------------------------------------------------------------
 
     def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
-                  registered_model_name: str | None = None) -> str | None:
-        """Log a torch model (``name=``, MLflow 3) with an input example; register it when asked and allowed.
+                  registered_model_name: str | None = None, model_dir: str | os.PathLike | None = None,
+                  raw_example: dict[str, list[Any]] | None = None) -> str | None:
+        """Log a model (``name=``, MLflow 3) with an input example; register it when asked and allowed.
 
-        Saved in MLflow's safe 'pt2' format (torch.export of a CPU, eval-mode copy); a model that cannot be
-        exported falls back to 'pickle' with a warning. Pip requirements are pinned from the installed packages
-        (no inference subprocess, no network). Returns the registered version, or None when not registered
-        (no name given, or ``tracking.register_models`` is false).
+        With `model_dir` (the folder a training stage wrote, with its preprocessing.json) and `raw_example` (a
+        few raw inputs): an MLflow pyfunc on raw inputs (trainlab.serving), whose artifacts hold the folder and
+        the tensor-level model. Without them (a spool written before raw-input models): the tensor-level torch
+        model alone. The tensor-level model is saved in MLflow's safe 'pt2' format (torch.export of a CPU,
+        eval-mode copy); a model that cannot be exported falls back to 'pickle' with a warning. Pip requirements
+        are pinned from the installed packages (no inference subprocess, no network). Returns the registered
+        version, or None when not registered (no name given, or ``tracking.register_models`` is false).
         """
         if input_example is None:
             raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
                              "describe the model")
         example = _example_array(input_example)
+        raw_inputs = model_dir is not None and raw_example is not None and (Path(model_dir) /
+                                                                            "preprocessing.json").is_file()
         export_model, restore = _exportable(model)
         try:
             with global_tracking_uri(self.tracking_uri), warnings.catch_warnings():
                 # torch.export.save says this for channels_last weights; harmless for a CPU model.
                 warnings.filterwarnings("ignore", message="No complete tensor found in the group",
                                         category=UserWarning)
-                info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
+                if raw_inputs:
+                    info = self._log_pyfunc(export_model, name, example, Path(model_dir), raw_example)
+                else:
+                    info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
         finally:
             restore()
         self.last_model_uri = info.model_uri
@@ -200,6 +210,39 @@ class MlflowTracker:
                   "logging it in MLflow's pickle format instead", file=sys.stderr)
             return self._log_model_as(model, name, example, "pickle", fallback=False)
 
+    def _log_pyfunc(self, model: Any, name: str, example: Any, model_dir: Path,
+                    raw_example: dict[str, list[Any]]) -> Any:
+        """The pyfunc on raw inputs (trainlab/serving/pyfunc_model.py, "models from code") with the model folder,
+        the tensor-level model, trainlab's code, a signature and a raw input example."""
+        import importlib
+        import tempfile
+
+        import mlflow
+        import mlflow.pyfunc
+        from mlflow.models import Model
+
+        # Imported by name: only the training stages log raw-input models, and their DVC deps name trainlab/serving
+        # (trainlab.jobs.train imports it); a plain import here would make every stage that opens an MLflow run
+        # (prepare, evaluate, ...) depend on the serving code.
+        flavor = importlib.import_module("trainlab.serving.flavor")
+        with tempfile.TemporaryDirectory(prefix="trainlab-model-") as tmp:
+            tensor_model = Path(tmp) / flavor.TENSOR_ARTIFACT
+            _save_tensor_model(model, tensor_model, example, name)
+            run_params = retry(self._client.get_run, self.run_id).data.params
+            logged = retry(mlflow.initialize_logged_model, name=name, source_run_id=self.run_id,
+                            experiment_id=self.experiment_id, params=run_params)
+            try:
+                # MLflow loads the model here and predicts the example as its server would (a failure is a warning)
+                return Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=self.run_id,
+                                 model_id=logged.model_id,
+                                 **flavor.pyfunc_arguments(model_dir, tensor_model, raw_example))
+            except Exception:
+                try:
+                    self._client.delete_logged_model(logged.model_id)
+                except Exception:  # noqa: BLE001 - best-effort cleanup of the empty model entry
+                    pass
+                raise
+
     def _register(self, model_id: str, registered_model_name: str) -> str:
         """Register ``models:/<model_id>`` as a new version (quietly, race-safely) and link it on the model."""
         from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
@@ -222,6 +265,28 @@ class MlflowTracker:
             warnings.warn(f"registered {registered_model_name} v{version.version} but could not link it on "
                           f"the logged model: {exc}", RuntimeWarning, stacklevel=3)
         return str(version.version)
+
+
+def _save_tensor_model(model: Any, path: Path, example: Any, name: str) -> None:
+    """The tensor-level MLflow torch model in `path`: 'pt2' (torch.export), or 'pickle' with a warning when the model
+    cannot be exported."""
+    import mlflow.pytorch
+
+    requirements = mlflow.pytorch.get_default_pip_requirements()
+    try:
+        mlflow.pytorch.save_model(model, str(path), input_example=example, serialization_format="pt2",
+                                  pip_requirements=requirements)
+    except Exception as exc:
+        if not _raised_by_torch_export(exc):
+            raise
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        print(f"warning: torch.export could not trace model {name!r} ({type(exc).__name__}: {first_line}); "
+              "saving its tensor-level model in MLflow's pickle format instead", file=sys.stderr)
+        mlflow.pytorch.save_model(model, str(path), input_example=example, serialization_format="pickle",
+                                  pip_requirements=requirements)
 
 
 def _raised_by_torch_export(exc: BaseException) -> bool:

@@ -1,0 +1,1 @@
+"""Trained models on raw inputs: the predictor, the MLflow pyfunc model built on it, and its signature."""
