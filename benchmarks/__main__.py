@@ -4,6 +4,8 @@
     python -m benchmarks --quick               # a smoke version (about 3-4 minutes)
     python -m benchmarks --only classifier,mfu # some parts: classifier, segmenter, text, mfu, overhead, scaling
     python -m benchmarks --only text_quality   # model quality: text_quality, segmentation_quality (or quality)
+    python -m benchmarks --only predict        # the trained models in use: predict command, pyfunc, served requests
+    python -m benchmarks --only data_scale     # prepare and streamed training on N and 8N generated JPEGs
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from benchmarks.common import DEFAULT_OUT, PartResult, environment, fmt, log, ta
 
 TRAINING = ("classifier", "segmenter", "text")
 QUALITY = ("text_quality", "segmentation_quality")  # model quality on user-like data (minutes each)
-PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY)
+PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY, "data_scale", "predict")
 ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS, "quality": QUALITY}
 
 # The targets per device: (headline key, comparison, threshold, what). CPU: the 2-core machine's; CUDA: one H200's.
@@ -31,6 +33,14 @@ TARGETS = {
         ("noop_dvc_repro_s", "<=", 1.5, "no-op `dvc repro` (s)"),
         ("cold_start_s", "<=", 4.0, "stage cold start to the first training step (s)"),
         ("prefect_overhead_fraction_default_pipeline", "<=", 0.10, "Prefect overhead / default pipeline wall time"),
+        ("predict_pyfunc_over_direct_min", ">=", 0.8, "predict: MLflow pyfunc / direct batch throughput (worst model)"),
+        ("predict_text_request_p50_ms", "<=", 25, "predict: one-text /invocations request p50 (ms)"),
+        ("predict_image_request_p50_ms", "<=", 30, "predict: one 28x28 image /invocations request p50 (ms)"),
+        ("predict_pyfunc_log_extra_s", "<=", 1.0, "predict: logging the pyfunc, added to a stage's exit (s)"),
+        ("prepare_rss_8n_over_n", "<=", 1.3, "prepare: peak RSS at 8N images / at N"),
+        ("streamed_rss_8n_over_n", "<=", 1.3, "streamed training: peak RSS at 8N images / at N"),
+        ("streamed_over_in_memory", ">=", 0.8, "streamed / in-memory training samples/s"),
+        ("prepare_images_per_s_per_core", ">=", 300, "prepare: JPEGs decoded and resized per second per core"),
     ),
     "cuda": (
         ("classifier_engine_step_samples_per_s", ">=", 100_000, "classifier: engine step samples/s (batch 128)"),
@@ -128,9 +138,12 @@ def main(argv: list[str]) -> int:
         results.append(run_part("scaling", lambda m: m.run(args.quick, args.repeats, device)))
     if "overhead" in args.parts:
         results.append(run_part("overhead", lambda m: m.run(args.quick, args.repeats, keep=args.keep_workspace)))
-    for part in QUALITY:
+    for part in (*QUALITY, "data_scale"):
         if part in args.parts:
             results.append(run_part(part, lambda m: m.run(args.quick)))
+
+    if "predict" in args.parts:
+        results.append(run_part("predict", lambda m: m.run(args.quick, args.repeats)))
 
     seconds = time.perf_counter() - started
     headline: dict[str, Any] = {}
