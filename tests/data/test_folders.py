@@ -165,7 +165,7 @@ def test_every_unreadable_file_is_named_exit_3_nothing_written(tmp_path, capsys)
         run_cli(prepare_main, argv)
     assert exit_info.value.code == DataError.exit_code == 3
     message = capsys.readouterr().err
-    assert "4 unreadable image file(s)" in message and "data.bad_images: skip" in message
+    assert "4 unreadable image file(s):" in message and "data.bad_images: skip" in message
     assert all(name in message for name in names)
     assert not out.exists() and not stats.exists() and list((tmp_path / "out").iterdir()) == []
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainlab.core.errors import DataError
 from trainlab.data.prepared import ShardWriter, load_split, split_files
 from trainlab.data.shards import ShardSplit, open_split
 
@@ -53,5 +54,5 @@ def test_a_shard_shorter_than_its_header_is_named(sharded):
     last = split_files(folder, "train")[-1]
     last.write_bytes(last.read_bytes()[:-10])
     split = ShardSplit(folder, "train")
-    with pytest.raises(Exception, match=r"train-00004\.safetensors: shorter than its header says"):
+    with pytest.raises(DataError, match=r"train-00004\.safetensors: not a readable safetensors file \(shorter"):
         split["images"][np.array([22])]

@@ -48,6 +48,9 @@ class BadFiles:
             self.fail(stopped=False)
 
     def fail(self, stopped: bool) -> None:
+        if len(self.found) == 1:
+            path, reason = self.found[0]
+            raise DataError(f"{path}: {reason}; fix or remove it, or set {BAD_IMAGES_KEY}: skip to leave it out")
         shown = self.found[:BAD_FILES_SHOWN]
         lines = [f"  {path}: {reason}" for path, reason in shown]
         more = "  (stopped there: more files may be bad)\n" if stopped else ""

@@ -53,6 +53,11 @@ class ShardSplit:
         for path, header in zip(self.files, self.headers):
             if list(header) != names:
                 raise DataError(f"{path}: tensors {sorted(header)} differ from {self.files[0]}'s {sorted(names)}")
+        for path, header in zip(self.files, self.headers):
+            lengths = {name: entry.shape[0] if entry.shape else 0 for name, entry in header.items()}
+            if len(set(lengths.values())) > 1:
+                raise DataError(f"{path}: " + " but ".join(f"{n} {name}" for name, n in sorted(lengths.items()))
+                                + "; they must match")
         self.counts = [header[names[0]].shape[0] if header[names[0]].shape else 0 for header in self.headers]
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.columns = {name: Column(self, name) for name in names}
@@ -179,7 +184,8 @@ class Column:
             start = self.split.headers[shard][self.name].start + local * self.row_bytes
             data = os.pread(self.split.fd(shard), (j - i) * self.row_bytes, start)
             if len(data) != (j - i) * self.row_bytes:
-                raise DataError(f"{self.split.files[shard]}: shorter than its header says; rerun `dvc repro prepare`")
+                raise DataError(f"{self.split.files[shard]}: not a readable safetensors file (shorter than its "
+                                "header says); rerun `dvc repro prepare`")
             block = np.frombuffer(data, dtype=np.uint8).reshape(j - i, self.row_bytes)
             if np.all(np.diff(order[i:j]) == 1):
                 flat[order[i]:order[i] + (j - i)] = block
