@@ -4,6 +4,7 @@ the first (Pillow releases the GIL while it decodes and resizes, so threads use 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,10 +66,16 @@ class BadFiles:
 
 
 def decode_in_order(items: Iterable[T], decode: Callable[[T], R], workers: int | None = None,
-                    chunk: int = 256) -> Iterator[tuple[T, R | DataError]]:
+                    chunk: int = 256, progress: str | None = None,
+                    total: int | None = None) -> Iterator[tuple[T, R | DataError]]:
     """(item, result or the DataError it raised) for every item, in the items' order, decoded `chunk` at a time on
-    `workers` threads (default: the available cores). Results do not depend on the number of workers."""
+    `workers` threads (default: the available cores). Results do not depend on the number of workers. `progress`:
+    a bar with that title on a terminal (nothing in a log)."""
     workers = workers or available_cores()
+    if progress is not None and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        items = tqdm(items, desc=progress, total=total, unit="file", mininterval=0.5, leave=False)
 
     def safe(item: T) -> R | DataError:
         try:

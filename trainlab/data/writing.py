@@ -61,7 +61,8 @@ def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels:
         path = item[0]
         return apply_policy(decode_image(path, str(path), draft_size=policy.height), policy, str(path))
 
-    for (path, label), result in decode_in_order(zip(files, labels.tolist()), decode, workers, chunk):
+    for (path, label), result in decode_in_order(zip(files, labels.tolist()), decode, workers, chunk,
+                                                 f"prepare {split}", len(files)):
         if isinstance(result, DataError):
             bad.add(result, path)
             continue
@@ -113,7 +114,8 @@ def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Pat
             masks.clear()
 
     for (image_path, mask_path), result in decode_in_order(
-            pairs, lambda pair: read_pair(pair[0], pair[1], policy, num_classes), workers, chunk):
+            pairs, lambda pair: read_pair(pair[0], pair[1], policy, num_classes), workers, chunk, f"prepare {split}",
+            len(pairs)):
         if isinstance(result, DataError):
             if str(result).startswith(f"{image_path}: unreadable"):
                 bad.add(result, image_path)
