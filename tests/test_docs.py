@@ -90,6 +90,14 @@ BY_TEST: dict[str, tuple[str, ...]] = {
         "tests/reliability/test_outage.py::test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete_the_run",),
     "python -m benchmarks --quick --only classifier,mfu": (
         "tests/test_benchmarks.py::test_quick_classifier_and_mfu_parts_write_their_reports",),
+    # the predict tests run the command's main() in-process on the test split written out as files
+    "python -m trainlab.predict models/classifier path/to/digits/ --out predictions/digits": (
+        "tests/jobs/test_predict.py::test_raw_test_split_gives_exactly_the_accuracy_evaluate_reports",),
+    "python -m trainlab.predict models:/trainlab-text@champion reviews.csv --out predictions/reviews": (
+        "tests/jobs/test_predict.py::test_texts_from_stdin_and_tsv",
+        "tests/jobs/test_predict.py::test_the_registry_champion_predicts_what_the_model_folder_does"),
+    "mlflow models serve -m models:/trainlab-classifier@champion --env-manager local --host 127.0.0.1 --port 5001": (
+        "tests/serving/test_server.py::test_classifier_server_answers_base64_images_and_400_for_a_corrupt_one",),
 }
 
 # The narrow experiment table docs/reproducibility.md gives: each model's test figure and the params most changed.

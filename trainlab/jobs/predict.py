@@ -152,11 +152,6 @@ def text_inputs(args: list[str], params: Params, stdin: IO[str] | None) -> Input
 
 # -- outputs ----------------------------------------------------------------------------------------------------------
 
-def top_k_text(probabilities: list[float], names: list[str], k: int) -> str:
-    order = sorted(range(len(names)), key=lambda c: -probabilities[c])[:k]
-    return "; ".join(f"{names[c]}:{probabilities[c]:.4f}" for c in order)
-
-
 def output_stem(name: str, used: set[str]) -> str:
     """A file name for an input's mask and overlay: its stem, made unique."""
     stem = Path(name).stem or "image"
@@ -201,10 +196,12 @@ class Writer:
                 fractions = pixel_fractions(mask, len(self.names))
                 self.csv.writerow([names[i], f"{MASKS_DIR}/{stem}.png", *(f"{f:.6f}" for f in fractions)])
             return
-        for i, label, probabilities in zip(batch.indices, batch.labels.tolist(), batch.probabilities.tolist()):
+        chosen = batch.probabilities.gather(1, batch.labels[:, None])[:, 0].tolist()
+        top_p, top_i = batch.probabilities.topk(min(self.top_k, len(self.names)), dim=1)
+        for i, label, p, ps, cs in zip(batch.indices, batch.labels.tolist(), chosen, top_p.tolist(), top_i.tolist()):
             text = [items[i]] if self.texts else []
-            self.csv.writerow([names[i], *text, self.names[label], f"{probabilities[label]:.6f}",
-                               top_k_text(probabilities, self.names, self.top_k)])
+            self.csv.writerow([names[i], *text, self.names[label], f"{p:.6f}",
+                               "; ".join(f"{self.names[c]}:{q:.4f}" for c, q in zip(cs, ps))])
 
     def close(self) -> None:
         self.file.close()
