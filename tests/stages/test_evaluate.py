@@ -325,3 +325,17 @@ def test_text_model_with_another_vocabulary_is_refused(copy_of):
     Tokenizer([*SPECIAL_TOKENS, "other", "words"], 12).save(copy_of / "models" / "text" / "tokenizer.json")
     with pytest.raises(CheckpointError, match=r"models/text/tokenizer\.json: the model's vocabulary differs"):
         main(["data/prepared", "models", "reports/evaluate"])
+
+
+def test_every_task_evaluates_alike_streamed_from_disk_and_in_memory(workspace):
+    """A test split over base.data_on_device_max_mb is read from its files a batch at a time: same report."""
+    params = load_params(workspace / "params_off.yaml")
+    runtime = resolve_runtime(params.base)
+    for name in ("classifier", "segmenter", "text"):
+        reports = [load_inputs(name, workspace / "data" / "prepared", workspace / "models", runtime.device, limit)
+                   for limit in (None, 0)]
+        streamed = {k for k, v in reports[1].test.items() if not torch.is_tensor(v)}
+        # labels always in memory; images and masks read on demand; token ids never streamed (small)
+        assert streamed == {"classifier": {"images"}, "segmenter": {"images", "masks"}, "text": set()}[name]
+        first, second = (inputs.code.evaluate(inputs, runtime, params) for inputs in reports)
+        assert first.metrics == second.metrics and first.confusion == second.confusion
