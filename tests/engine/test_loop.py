@@ -15,6 +15,7 @@ from trainlab.engine.contract import Task
 from trainlab.core.errors import CheckpointError, TrainingDiverged
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
+from trainlab.tasks.augment import random_shift
 
 
 def tiny_data(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -35,11 +36,10 @@ def make_task(seed: int = 0, dropout: float = 0.1) -> Task:
                           nn.Dropout(dropout), nn.Linear(16, 4))
 
     def prepare(batch, train, gen):
-        x = batch["images"].float().div_(255)
-        if train and gen is not None:  # batched on-device augmentation: random shift by up to 1 pixel
-            shift = torch.randint(-1, 2, (2,), generator=gen, device=x.device).tolist()
-            x = torch.roll(x, shifts=shift, dims=(2, 3))
-        return x, batch["labels"]
+        images = batch["images"]
+        if train and gen is not None:  # batched on-device augmentation, no host sync: each image shifted by <= 1 px
+            (images,) = random_shift([images], 1, gen)
+        return images.float().div_(255), batch["labels"]
 
     return Task(name="tiny", model=model, loss_fn=lambda out, y: F.cross_entropy(out.float(), y),
                 make_metrics=lambda: MetricCollection({"accuracy": MulticlassAccuracy(num_classes=4, average="micro")}),
