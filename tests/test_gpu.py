@@ -100,6 +100,13 @@ def test_text_model_bf16_autocast_on_cuda_matches_fp32():
     torch.testing.assert_close(fast.float(), exact, atol=0.05, rtol=0.05)
 
 
+def _why_no_compile() -> str | None:
+    from benchmarks.gpu_preflight import compiler
+
+    return compiler()[1]
+
+
+@pytest.mark.skipif(_why_no_compile() is not None, reason=f"torch.compile cannot build here: {_why_no_compile()}")
 def test_compiled_classifier_step_on_cuda_matches_eager():
     rt = cuda_runtime(precision="fp32", compile=True)
     cfg = CFG.model_copy(update={"epochs": 1})
@@ -151,6 +158,42 @@ def test_graphed_and_eager_training_agree_closely():
     assert not eager.cuda_graphs
     assert [r["train_loss"] for r in graphed.history] == pytest.approx(
         [r["train_loss"] for r in eager.history], rel=0.05)
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphed", "eager"])  # -k groups of scripts/gpu-check
+def test_a_cpu_checkpoint_resumes_on_cuda_with_its_state_there(tmp_path, graphs):
+    """Stopped on the CPU (foreach AdamW, a CPU augmentation generator), resumed on CUDA (fused or capturable AdamW,
+    a CUDA generator): every optimizer state tensor on the GPU, the augmentation reseeded, training finishes."""
+    from trainlab.engine.loop import TrainingInterrupted
+    from trainlab.engine.step import TrainStep
+
+    cfg = CFG.model_copy(update={"ema_decay": 0.9})
+    train, val = tiny_data(160), tiny_data(32, 1)
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        fit(make_task(), train, val, cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")), seed=3,
+            checkpoint_path=ckpt, fingerprint="a", stop_at_step=4)
+    resumed = fit(make_task(), train, val, cfg, cuda_runtime(), seed=3, checkpoint_path=ckpt, fingerprint="a",
+                  cuda_graphs=graphs)
+    assert resumed.resumed_from_step == 4 and resumed.cuda_graphs == graphs
+    assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in resumed.history)
+    state = torch.load(ckpt, weights_only=True)["step"] if ckpt.exists() else None
+    task = make_task()
+    step = TrainStep(task, task.model.cuda(), cfg, cuda_runtime(), total_updates=30, seed=3, graphs=graphs)
+    if state is None:  # fit removes its checkpoint when it finishes: take one from a fresh CPU run
+        cpu_task = make_task()
+        cpu = TrainStep(cpu_task, cpu_task.model, cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")),
+                        total_updates=30, seed=3)
+        for _ in range(3):
+            cpu(tiny_data(16))
+        state = cpu.state_dict()
+    step.load_state_dict(state)
+    for s in step.optimizer.state.values():
+        assert {v.device.type for v in s.values()} == {"cuda"}, {k: v.device for k, v in s.items()}
+    batch = {k: v.cuda() for k, v in tiny_data(16).items()}
+    for _ in range(3):
+        step(batch)
+    assert torch.isfinite(step.loss_sum)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])

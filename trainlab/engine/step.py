@@ -11,7 +11,7 @@ from trainlab.engine.batches import Batch
 from trainlab.engine.ema import EMA
 from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
 from trainlab.engine.contract import Task
-from trainlab.core.repro import generator
+from trainlab.core.repro import derived_seed, generator
 from trainlab.core.runtime import Runtime
 
 # Eager steps run (and then undone) before a capture: lazy optimizer state, allocator and library warm-up.
@@ -65,6 +65,7 @@ class TrainStep:
         self.schedule = LRSchedule(self.optimizer, total_updates, min(warmup_updates, total_updates), cfg.schedule)
         self.scaler = torch.amp.GradScaler(device.type) if runtime.needs_grad_scaler else None
         self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
+        self.seed = seed
         self.augment = generator(seed, "augment", device=device) if cfg.augment else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_sum = torch.zeros((), device=device)
@@ -208,20 +209,61 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict saved (CPU tensors); the device tensors the step (or its graph) uses stay the
         same objects and are written in place."""
-        # The loaded groups would bring their saved LR (stale: the schedule sets it; and a tensor LR must stay the
-        # object a graph reads) and their saved kernel flags (capturable, fused, foreach): keep this optimizer's.
-        kept = [{k: g[k] for k in ("lr", "capturable", "fused", "foreach") if k in g}
-                for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, own in zip(self.optimizer.param_groups, kept):
-            group.update(own)
+        load_optimizer_state(self.optimizer, state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
-        if self.augment is not None and state.get("augment") is not None:
-            self.augment.set_state(state["augment"])
         self.updates = int(state["updates"])
+        if self.augment is not None and state.get("augment") is not None:
+            if not restore_generator(self.augment, state["augment"], self.seed, self.updates):
+                print(f"{self.task.name}: the checkpoint's augmentation RNG state is another device's kind; "
+                      f"augmentation reseeded (deterministically) at optimizer step {self.updates}", flush=True)
         self.update_count.fill_(self.updates)
         self.loss_sum.copy_(state["loss_sum"])
         self.seen.copy_(state["seen"])
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a saved optimizer state into `optimizer`, which may live on another device with other kernels. The
+    loaded groups would bring their saved LR (stale: the schedule sets it; and a tensor LR must stay the object a
+    graph reads) and their saved kernel flags (capturable, fused, foreach): this optimizer's are kept, and its state
+    tensors placed for them (place_optimizer_state)."""
+    kept = [{k: g[k] for k in ("lr", "capturable", "fused", "foreach") if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, own in zip(optimizer.param_groups, kept):
+        group.update(own)
+    place_optimizer_state(optimizer)
+
+
+def place_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Every optimizer state tensor where this optimizer's kernels read it: on its parameter's device, except the step
+    count of a group that is neither fused nor capturable, which torch keeps on the CPU. torch's load_state_dict
+    places the step by the flags of the groups it loads, not of this optimizer's, so a checkpoint of a CPU run
+    (foreach AdamW: step on the CPU) resumed on CUDA (fused or capturable AdamW) would keep every step count on the
+    CPU, and the fused kernel or the CUDA graph would fail on it."""
+    for group in optimizer.param_groups:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            for key, value in (state or {}).items():
+                if not torch.is_tensor(value):
+                    continue
+                if key == "step":
+                    target = param.device if on_device else torch.device("cpu")
+                    state[key] = value.to(device=target, dtype=torch.float32)
+                else:
+                    state[key] = value.to(device=param.device)
+
+
+def restore_generator(gen: torch.Generator, state: torch.Tensor, seed: int, updates: int) -> bool:
+    """Put `gen` back to a saved state; True when it could be. A state of another kind of generator (a CPU
+    generator's Mersenne Twister vs a CUDA generator's Philox seed and offset: a checkpoint from another device)
+    cannot be restored: `gen` is then reseeded from (seed, updates), deterministic but not the draws the uninterrupted
+    run would have made, and False is returned."""
+    state = state.detach().cpu()
+    if state.numel() == gen.get_state().numel():
+        gen.set_state(state)
+        return True
+    gen.manual_seed(derived_seed(seed, "augment", "resumed", updates))
+    return False
