@@ -90,11 +90,13 @@ def test_quick_classifier_and_mfu_parts_write_their_reports(tmp_path):
     # scripts/gpu-check's table reads the same files (here without a GPU log or pipeline run)
     check = tmp_path / "check"
     shutil.copytree(tmp_path, check / "bench", ignore=shutil.ignore_patterns("check"))
-    (check / "pytest_gpu.log").write_text("...\n12 passed in 40.1s\n")
+    (check / "parts").mkdir()
+    (check / "parts" / "tests_engine.json").write_text(json.dumps(
+        {"part": "tests_engine", "status": "ok", "exit": 0, "seconds": 40.1, "cap_s": 60, "message": "12 passed"}))
     table = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "table", str(check)], cwd=REPO,
                            capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0, table.stderr
-    assert "12 passed in 40.1s" in table.stdout and "| classifier[bare eager] | " in table.stdout
+    assert "| tests_engine | ok | 40 | 60 | 12 passed |" in table.stdout and "| classifier[bare eager] | " in table.stdout
     assert (check / "gpu_check.md").read_text().startswith("# GPU check")
     assert (tmp_path / "summary.md").read_text().startswith("# Benchmarks")
     assert (tmp_path / "top_ops_classifier_step.txt").is_file()
