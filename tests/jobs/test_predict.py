@@ -134,13 +134,16 @@ def test_the_registry_champion_predicts_what_the_model_folder_does(in_root, tmp_
     raw.mkdir()
     for i, image in enumerate(split_of(in_root, "classifier")["images"][:20]):
         Image.fromarray(image[0].numpy()).save(raw / f"{i:02d}.png")
+    import mlflow
+
+    run_id = mlflow.MlflowClient(tracking_uri(in_root)).get_model_version("trainlab-classifier", "1").run_id
     for model, out in (("models/classifier", "disk"), ("models:/trainlab-classifier@champion", "champion"),
-                       ("models:/trainlab-classifier/1", "v1")):
+                       ("models:/trainlab-classifier/1", "v1"), (f"runs:/{run_id}/classifier", "run")):
         code, err = predict([model, str(raw), "--out", str(tmp_path / out)], capsys)
         assert code == 0, err
     disk = (tmp_path / "disk" / "predictions.csv").read_text()
-    assert (tmp_path / "champion" / "predictions.csv").read_text() == disk
-    assert (tmp_path / "v1" / "predictions.csv").read_text() == disk
+    for out in ("champion", "v1", "run"):
+        assert (tmp_path / out / "predictions.csv").read_text() == disk
 
 
 def test_texts_from_stdin_and_tsv(in_root, tmp_path, capsys, monkeypatch):

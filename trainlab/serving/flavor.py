@@ -71,9 +71,9 @@ def example_frame(example: dict[str, list[Any]]) -> Any:
 
 def pyfunc_arguments(model_dir: Path, tensor_model: Path | None, example: dict[str, list[Any]]) -> dict[str, Any]:
     """The keyword arguments of mlflow.pyfunc's save/log for `model_dir` (a folder a training stage wrote)."""
-    from trainlab.serving.predictor import _read_record
+    from trainlab.serving.predictor import read_record
 
-    record = _read_record(Path(model_dir))
+    record = read_record(Path(model_dir))
     artifacts = {MODEL_ARTIFACT: str(model_dir)}
     if tensor_model is not None:
         artifacts[TENSOR_ARTIFACT] = str(tensor_model)

@@ -74,7 +74,7 @@ class Predictor:
         folder = Path(folder)
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: model folder not found")
-        record = _read_record(folder)
+        record = read_record(folder)
         task = record.get("task")
         if task not in names():
             raise CheckpointError(f"{folder / PREPROCESSING_FILE}: task {task!r} is not one of {', '.join(names())}")
@@ -176,7 +176,8 @@ class Predictor:
             yield start, batch, rejected
 
 
-def _read_record(folder: Path) -> dict[str, Any]:
+def read_record(folder: Path) -> dict[str, Any]:
+    """A model folder's preprocessing.json; missing or foreign is a CheckpointError naming it."""
     try:
         return load_preprocessing(folder)
     except DataError as exc:
