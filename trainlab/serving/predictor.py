@@ -16,6 +16,7 @@ from trainlab.core.runtime import Runtime
 from trainlab.data.transforms import (
     PREPROCESSING_FILE,
     ImagePolicy,
+    apply_policy,
     clean_text,
     decode_image,
     image_input,
@@ -93,6 +94,12 @@ class Predictor:
         """One image file or its bytes as the stored (C, H, W) uint8 image: trainlab.data.transforms.image_input."""
         return image_input(source, self.policy, name)
 
+    def image_at_full_size(self, source: str | Path | bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The segmenter's input as prepare makes its segmentation images (decoded at full size, no JPEG draft,
+        then the policy), and the decoded image (the mask goes back to its size; the overlay is drawn on it)."""
+        pixels = decode_image(source, name)
+        return apply_policy(pixels, self.policy, name), pixels
+
     def text(self, value: Any, name: str) -> str:
         """One raw text, cleaned as prepare cleans it (the tokenizer lowercases and cuts it)."""
         return clean_text(value, name)
@@ -123,10 +130,12 @@ class Predictor:
         prepared, good, rejected, originals = [], [], [], []
         for i, (item, name) in enumerate(zip(items, names)):
             try:
-                if self.task in IMAGE_TASKS:
+                if self.dense:
+                    stored, pixels = self.image_at_full_size(item, name)
+                    prepared.append(stored)
+                    originals.append(pixels)
+                elif self.task in IMAGE_TASKS:
                     prepared.append(self.image(item, name))
-                    if self.dense:  # the segmenter's masks go back to the image's own size
-                        originals.append(decode_image(item, name))
                 else:
                     prepared.append(self.text(item, name))
             except DataError as exc:
