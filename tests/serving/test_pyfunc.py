@@ -89,6 +89,7 @@ def test_signature_example_artifacts_and_pinned_requirements(root, monkeypatch):
     tensor = local / artifacts["tensor_model"]["path"]
     assert "pytorch" in Model.load(str(tensor)).flavors
     assert (tensor / "data" / "model.pt2").is_file()  # the tensor-level torch.export model, kept beside it
+    assert not list(local.rglob("*.pkl"))  # models from code: no pickled model object
     requirements = (local / "requirements.txt").read_text().split()
     assert f"torch=={torch.__version__.split('+')[0]}" in requirements or any(
         r.startswith("torch==") for r in requirements)

@@ -4,7 +4,6 @@ Built once per session, whichever test module asks first."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ TINY = {
     "tracking": {"enabled": True},
 }
 _BUILT: dict[str, Path] = {}
-TIMINGS: dict[str, float] = {}
 
 
 def tracking_uri(root: Path) -> str:
@@ -44,7 +42,6 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("serving")
     (root / "params.yaml").write_text(yaml.safe_dump(TINY))
     threads = torch.get_num_threads()
-    started = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         mp.setenv("MLFLOW_TRACKING_URI", tracking_uri(root))
@@ -59,6 +56,5 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         client = mlflow.MlflowClient(tracking_uri=tracking_uri(root))
         for name in stages:
             assert promote(client, name).promoted, f"trainlab-{name} v1 was not promoted to champion"
-    TIMINGS["trained_workspace"] = time.perf_counter() - started
     _BUILT["root"] = root
     return root
