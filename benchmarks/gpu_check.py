@@ -292,7 +292,7 @@ def run(argv: list[str]) -> int:
     started = time.monotonic()
     records = gpu_parts.run_parts(args.out, parts, args.budget, serial=args.serial)
     print(write_table(args.out))
-    bad = [f"{r['part']} ({r['status']}{': ' + r['message'][:120] if r['message'] else ''})"
+    bad = [f"{r['part']} ({r['status']}{': ' + ' '.join(r['message'].split())[:120] if r['message'] else ''})"
            for r in records if r["status"] != "ok"]
     print(f"gpu-check: parts done in {time.monotonic() - started:.0f} s; "
           + (f"NOT OK: {'; '.join(bad)}" if bad else f"all {len(records)} parts ok"), flush=True)

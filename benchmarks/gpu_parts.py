@@ -106,7 +106,7 @@ def run_parts(out: Path, parts: list[Part], budget_s: float, serial: bool = Fals
             continue
         left = end - time.monotonic()
         if left < MIN_PART_S:
-            records.append(_record(out, p, "skipped", None, 0.0, f"no time left ({left:.0f} s of the budget)"))
+            records.append(_record(out, p, "skipped", None, 0.0, f"no time left ({max(left, 0):.0f} s of the budget)"))
             continue
         proc, t0 = _start(out, p, injected)
         records.append(_finish(out, p, proc, t0, time.monotonic() + min(p.cap_s, left)))
@@ -160,7 +160,8 @@ def _message(out: Path, p: Part, status: str, seconds: float) -> str:
     tests = junit_summary(p.junit) if p.junit else None
     tail = _tail(out / "parts" / f"{p.name}.log")
     if status == "timeout":
-        return f"stopped at its deadline after {seconds:.0f} s; " + (tests["line"] if tests else tail)
+        last = tail.splitlines()[-1][:200] if tail else "no output"
+        return f"stopped at its deadline after {seconds:.0f} s; " + (tests["line"] if tests else f"last: {last}")
     if tests:
         return tests["line"]
     if status == "failed":
