@@ -141,7 +141,7 @@ def _parts(out: Path) -> list[str]:
     return lines + [""]
 
 
-PART_ORDER = ("tests_graphs", "tests_compile", "tests_engine", "bench_classifier", "bench_mfu", "pipeline",
+PART_ORDER = ("tests_graphs", "tests_sync", "tests_compile", "tests_engine", "bench_classifier", "bench_mfu", "pipeline",
               "bench_text", "bench_segmenter")  # gpu_parts.plan's order
 
 
