@@ -119,6 +119,10 @@ class TrainParams(Section):
     ema_decay: float | None = Field(None, gt=0, lt=1)
     activation_checkpointing: bool = False
     augment: bool = True
+    # recompute BatchNorm statistics from training batches before each validation (Wu and Johnson 2021); auto: when
+    # an epoch has fewer than 50 optimizer steps, too few for BatchNorm's running averages to settle (small data).
+    # auto for the classifier; off elsewhere (on the segmenter's thin-structure crops it lowered the cell Dice)
+    precise_bn: bool | Literal["auto"] = False
     checkpoint_every_steps: int = Field(0, ge=0, description="0: a checkpoint at each epoch end only")
 
 
@@ -128,6 +132,7 @@ class ClassifierParams(TrainParams):
     pretrained: str | None = None
     freeze_backbone: bool = False
     head_lr: float | None = Field(None, gt=0, le=10)
+    precise_bn: bool | Literal["auto"] = "auto"
 
 
 class SegmenterParams(TrainParams):

@@ -14,7 +14,7 @@ from trainlab.core.errors import DataError
 from trainlab.data.decoding import BadFiles, decode_in_order
 from trainlab.data.images import read_mask, size_text
 from trainlab.data.prepared import SHARD_BYTES, ShardWriter
-from trainlab.data.transforms import ImagePolicy, apply_policy, decode_image, resize_mask
+from trainlab.data.transforms import ImagePolicy, apply_policy, decode_image, image_input, resize_mask
 
 ARRAY_CHUNK = 4096  # samples sliced from an in-memory array per write
 
@@ -58,8 +58,7 @@ def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels:
             pending_images.clear()
 
     def decode(item: tuple[Path, int]) -> np.ndarray:
-        path = item[0]
-        return apply_policy(decode_image(path, str(path), draft_size=policy.height), policy, str(path))
+        return image_input(item[0], policy)  # the one raw-image path: predict and the MLflow model call it too
 
     for (path, label), result in decode_in_order(zip(files, labels.tolist()), decode, workers, chunk,
                                                  f"prepare {split}", len(files)):

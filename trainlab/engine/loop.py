@@ -7,6 +7,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Protocol
 
@@ -20,6 +21,7 @@ from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
                                        set_rng_state)
+from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.contract import Task
@@ -157,6 +159,14 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
                      warmup_updates=round(cfg.warmup_epochs * updates_per_epoch), seed=seed, forward=forward,
                      graphs=graphs)
     total_params, trainable = count_parameters(model)
+    precise_bn = wanted(cfg.precise_bn, model, updates_per_epoch, ctx.enabled)
+
+    def settle_batchnorm(epoch: int) -> None:
+        """Precise BatchNorm statistics of the model that is evaluated, from training batches as evaluation sees
+        them (no augmentation), before each validation."""
+        batches = islice(train_batches.epoch(epoch), PRECISE_BN_BATCHES)
+        recompute_batchnorm(step.eval_model, (to_device_layout(task.prepare_batch(b, False, None)[0], task, runtime)
+                                              for b in batches), runtime)
 
     epoch, step_in_epoch, history, train_time = 0, 0, [], 0.0
     ckpt = Path(checkpoint_path) if checkpoint_path else None
@@ -230,6 +240,8 @@ def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime
                 totals = distributed.all_reduce_sum(torch.stack([step.loss_sum, step.seen.float()]))
                 train_loss = float(totals[0] / totals[1].clamp(min=1))
                 epoch_samples = (int(step.seen) - samples_at_start) * ctx.world_size
+                if precise_bn:
+                    settle_batchnorm(epoch)
                 val_metrics = scalars(evaluate(task, step.eval_model, val, runtime, eval_batch_size, max_device_mb))
                 row = {"epoch": epoch + 1, "step": step.updates, "train_loss": train_loss,
                        "lr": step.schedule.lr_at(step.updates), "samples_per_s": epoch_samples / max(epoch_time, 1e-9),

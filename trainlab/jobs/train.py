@@ -256,9 +256,10 @@ def write_outputs(name: str, params: Params, task: Task, result: FitResult, test
     model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
     registered = f"trainlab-{name}" if params.tracking.register_models else None
     # an MLflow pyfunc on raw inputs (trainlab.serving): the model folder, a few raw test inputs as its example
-    from trainlab.serving.flavor import raw_example
+    from trainlab.serving.flavor import raw_example, served
 
+    raw = served(name, model_dir)
     tracker.log_model(model, name=name, input_example=input_example(test_split, task).cpu(),
-                      registered_model_name=registered, model_dir=model_dir,
-                      raw_example=raw_example(name, test_split, data_dir))
+                      registered_model_name=registered, model_dir=model_dir if raw else None,
+                      raw_example=raw_example(name, test_split, data_dir) if raw else None)
 

@@ -44,6 +44,17 @@ def signature(task: str, class_names: list[str]) -> Any:
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 
+SERVED_TASKS = ("classifier", "segmenter", "text")  # the tasks whose raw inputs trainlab.serving knows how to read
+
+
+def served(task: str, model_dir: Path) -> bool:
+    """Whether a trained model folder becomes a pyfunc on raw inputs: a task serving knows, with the preprocessing
+    record prepare wrote (else the registered model stays the tensor-level one)."""
+    from trainlab.data.transforms import PREPROCESSING_FILE
+
+    return task in SERVED_TASKS and (Path(model_dir) / PREPROCESSING_FILE).is_file()
+
+
 def raw_example(task: str, test: dict[str, Any], data_dir: Path) -> dict[str, list[Any]]:
     """A couple of raw test inputs as the model takes them: PNG bytes of stored test images, or the test texts as
     prepare read them (data_dir/test.jsonl)."""
