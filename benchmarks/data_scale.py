@@ -1,7 +1,7 @@
 """Data at scale: prepare a generated photo-like JPEG folder of N and 8N images, and one epoch of classifier training
 streamed from its shards (against the in-memory path), with wall time, images/s and each process's peak RSS.
 
-    python -m benchmarks --only data_scale            # N = 2,000 and 16,000 JPEGs, stored at 64 px (about 8 minutes)
+    python -m benchmarks --only data_scale            # N = 2,000 and 16,000 JPEGs, stored at 128 px (about 4 minutes)
     python -m benchmarks --only data_scale --quick    # N = 250 and 2,000
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from benchmarks.common import REPO, PartResult, fmt, log, table
 
 SIZES = {"full": 2000, "quick": 250}
-IMAGE_SIZE = 64  # 128 px takes a 2-core CPU minutes an epoch at 8N; the data path is the same
+IMAGE_SIZE = 128
 TRAIN = {"width": 16, "epochs": 1, "batch_size": 64, "warmup_epochs": 0.0}  # a small model: the data path shows
 
 
