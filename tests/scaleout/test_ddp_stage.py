@@ -18,7 +18,7 @@ from tests.scaleout.conftest import files_under, run_stage, sqlite_store, timed,
 
 pytestmark = pytest.mark.slow
 
-MODEL_FILES = ["baseline.json", "config.json", "info.json", "model.safetensors", "tokenizer.json"]
+MODEL_FILES = ["baseline.json", "config.json", "info.json", "model.safetensors", "preprocessing.json", "tokenizer.json"]
 REPORT_FILES = ["history.csv", "metrics.json", "run.json"]
 
 

@@ -3,12 +3,15 @@ found on the server (SQLite backend, artifacts proxied to its local artifact roo
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
-import torch
+from PIL import Image
 
 from tests.scaleout.conftest import files_under, run_stage, timed, tiny_params, write_params
 
@@ -51,6 +54,9 @@ def test_training_stage_logs_to_a_remote_tracking_server(mlflow_server, prepared
     assert version.run_id == run.info.run_id and version.status == "READY"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # what `models:/` URIs resolve against
     with timed("load the registered model over HTTP"):
-        model = mlflow.pytorch.load_model("models:/trainlab-classifier/1")
-    x = torch.rand(2, 3, 8, 8)
-    assert model(x).shape == (2, 3)
+        model = mlflow.pyfunc.load_model("models:/trainlab-classifier/1")
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(png, "PNG")
+    predicted = model.predict(pd.DataFrame({"image": [png.getvalue()] * 2}))  # raw image bytes in
+    assert len(predicted) == 2 and set(predicted["label"]) <= {"cat", "dog", "fox"}
+    assert {"prob_cat", "prob_dog", "prob_fox"} <= set(predicted.columns)
