@@ -159,3 +159,32 @@ def test_build_from_config_round_trip(arch, tmp_path):
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
     rebuilt.load_state_dict(model.state_dict())
     assert rebuilt.config == model.config
+
+
+def test_the_strided_shortcut_computes_a_strided_1x1_convolution_bitwise():
+    from trainlab.models.classifier import StridedPointwise
+
+    torch.manual_seed(0)
+    ours = StridedPointwise(32, 64, 1, 2, bias=False).to(memory_format=torch.channels_last)
+    conv = torch.nn.Conv2d(32, 64, 1, 2, bias=False).to(memory_format=torch.channels_last)
+    conv.weight.data.copy_(ours.weight.data)
+    x = torch.randn(16, 32, 28, 28).contiguous(memory_format=torch.channels_last)
+    for module in (ours, conv):
+        module(x).sum().backward()
+    assert torch.equal(ours(x), conv(x)) and torch.equal(ours.weight.grad, conv.weight.grad)
+
+
+def test_narrow_widths_train_in_channels_last_at_photo_sizes():
+    """torch 2.14.1's CPU kernel for a strided 1x1 convolution of 8 channels in channels_last corrupted the heap in
+    its weight gradient (a crash); resnet_small's shortcut avoids it. In a subprocess: a crash fails this test only."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from trainlab.core.config import ClassifierParams; "
+            "from trainlab.models.classifier import build_classifier; "
+            "m = build_classifier(ClassifierParams(width=8), num_classes=2, in_channels=3)"
+            ".to(memory_format=torch.channels_last); "
+            "x = torch.randn(64, 3, 128, 128).contiguous(memory_format=torch.channels_last); "
+            "m(x).sum().backward(); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
