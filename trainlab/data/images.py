@@ -46,11 +46,6 @@ def list_images(folder: Path) -> FolderListing:
     return listing
 
 
-def list_image_files(folder: Path) -> list[Path]:
-    """Image files directly in `folder`, sorted by name; hidden files and other suffixes are ignored."""
-    return list_images(folder).files
-
-
 def require_folder(folder: Path, what: str) -> Path:
     if not folder.exists():
         raise DataError(f"{folder}: {what} folder not found")

@@ -1,4 +1,5 @@
-"""The prepared-data format on disk: one safetensors file per split plus meta.json, read and written safely."""
+"""The prepared-data format on disk: one safetensors file per split (or its shards, for a large split) plus
+meta.json, read and written safely."""
 
 from __future__ import annotations
 

@@ -146,10 +146,6 @@ def scale_to_uint8(array: np.ndarray, mode: str) -> np.ndarray:
     return ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
 
 
-def pixel_channels(pixels: np.ndarray) -> int:
-    return pixels.shape[2]
-
-
 # --- the resize policy ---------------------------------------------------------------------------------------------
 
 def crop_box(width: int, height: int, size: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:

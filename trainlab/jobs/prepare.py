@@ -38,10 +38,6 @@ def save_image_preprocessing(folder: Path, task: str, policy: ImagePolicy, class
     save_preprocessing(folder, {"task": task, "class_names": class_names, "image": policy.to_dict()})
 
 
-def array_size(images: np.ndarray) -> dict[str, int]:
-    return stats.image_size(images)
-
-
 def policy_size(policy: ImagePolicy) -> dict[str, int]:
     return {"channels": policy.channels, "height": policy.height, "width": policy.width}
 
@@ -87,7 +83,7 @@ def prepare_classification(params: Params, folder: Path, allow_download: bool, l
     bad.check()
     for split in sources.SPLITS:  # what is left once unreadable files are skipped
         require_written(labels[split], data.class_names, folder, split, data.description)
-    size = policy_size(data.policy) if data.policy else array_size(data.images["train"])
+    size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(labels[s]) for s in sources.SPLITS})
     hflip = hflip_allowed(params)
     augment = "photo" if params.data.classification.source == "image_folder" else "shift"
@@ -129,7 +125,7 @@ def prepare_segmentation(params: Params, folder: Path, log: Log, workers: int | 
             raise DataError(f"{data.description}: the {split} split is empty once unreadable files are left out")
     if data.folder is not None:
         require_mask_classes(sum(w.pixel_counts for w in written.values()), data.class_names, Path(seg.root))
-    size = policy_size(data.policy) if data.policy else array_size(data.images["train"])
+    size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: written[s].count for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
     save_image_preprocessing(folder, "segmenter", data.policy or stored_policy(size), data.class_names)
