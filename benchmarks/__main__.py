@@ -6,6 +6,7 @@
     python -m benchmarks --only text_quality   # model quality: text_quality, segmentation_quality (or quality)
     python -m benchmarks --only predict        # the trained models in use: predict command, pyfunc, served requests
     python -m benchmarks --only data_scale     # prepare and streamed training on N and 8N generated JPEGs
+    python -m benchmarks --only search         # a search with and without pruning; text weight decay on validation
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from benchmarks.common import DEFAULT_OUT, PartResult, environment, fmt, log, ta
 
 TRAINING = ("classifier", "segmenter", "text")
 QUALITY = ("text_quality", "segmentation_quality")  # model quality on user-like data (minutes each)
-PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY, "data_scale", "predict")
+PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY, "data_scale", "predict", "search")
 ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS, "quality": QUALITY}
 
 # The targets per device: (headline key, comparison, threshold, what). CPU: the 2-core machine's; CUDA: one H200's.
@@ -42,6 +43,8 @@ TARGETS = {
         ("streamed_rss_8n_over_n", "<=", 1.3, "streamed training: peak RSS at 8N images / at N"),
         ("streamed_over_in_memory", ">=", 0.8, "streamed / in-memory training samples/s"),
         ("prepare_images_per_s_per_core", ">=", 300, "prepare: JPEGs decoded and resized per second per core"),
+        ("search_pruning_wall_ratio", "<=", 0.5, "search: wall time with pruning / without (same trials)"),
+        ("search_pruning_best_val_gap_points", "<=", 0.5, "search: best val accuracy lost to pruning (points)"),
     ),
     "cuda": (
         # the MFU part runs params.yaml's batch (64 for the classifier); this target was set for a batch-128 step
@@ -149,6 +152,8 @@ def main(argv: list[str]) -> int:
 
     if "predict" in args.parts:
         results.append(run_part("predict", lambda m: m.run(args.quick, args.repeats)))
+    if "search" in args.parts:
+        results.append(run_part("search", lambda m: m.run(args.quick, keep=args.keep_workspace)))
 
     seconds = time.perf_counter() - started
     headline: dict[str, Any] = {}

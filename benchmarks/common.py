@@ -209,7 +209,7 @@ def synchronize(device) -> None:
 @dataclass
 class TaskData:
     """Train/val/test tensors of one task (uint8 images, int64 labels, uint8 masks, int64 token ids) and the meta
-    dict the pipeline's `build_task` needs."""
+    dict the pipeline's `build_trainable` needs."""
 
     name: str
     train: dict[str, Any]

@@ -84,28 +84,13 @@ def run_child(kind: str, root: Path, work: Path, max_mb: int) -> dict[str, Any]:
 
 def run(quick: bool) -> PartResult:
     from benchmarks.common import environment  # noqa: F401 - the CPU is named in the summary's header
-    from trainlab.data.decoding import available_cores
 
     n = SIZES["quick" if quick else "full"]
     rows, data = [], {}
     with tempfile.TemporaryDirectory(prefix="data_scale_") as tmp:
         for count in (n, 8 * n):
-            root, work = Path(tmp) / f"raw_{count}", Path(tmp) / f"work_{count}"
-            work.mkdir()
-            log(f"data_scale: generating {count:,} JPEGs")
-            generate_folder(root, count)
-            log(f"data_scale: prepare {count:,} images")
-            prep = run_child("prepare", root, work, 0)
-            prep["images_per_s"] = prep["images"] / prep["seconds"]
-            prep["images_per_s_per_core"] = prep["images_per_s"] / available_cores()
-            log(f"data_scale: one streamed epoch on {count:,} images")
-            streamed = run_child("streamed", root, work, 0)
-            result = {"prepare": prep, "streamed": streamed}
-            if count == n:
-                log(f"data_scale: one in-memory epoch on {count:,} images")
-                result["in_memory"] = run_child("in_memory", root, work, 1 << 20)
-            data[count] = result
-            for kind, fig in result.items():
+            data[count] = measure(Path(tmp), count, in_memory=count == n)
+            for kind, fig in data[count].items():
                 rate = fig.get("images_per_s", fig.get("samples_per_s"))
                 rows.append([f"{count:,}", kind, fmt(fig["seconds"]), fmt(rate), fmt(fig["peak_rss_mb"]),
                              fmt(fig["workers_peak_rss_mb"])])
@@ -116,7 +101,36 @@ def run(quick: bool) -> PartResult:
         "streamed_over_in_memory": small["streamed"]["samples_per_s"] / small["in_memory"]["samples_per_s"],
         "prepare_images_per_s_per_core": min(d["prepare"]["images_per_s_per_core"] for d in data.values()),
     }
-    markdown = "\n".join([
+    return PartResult("data_scale", {str(k): v for k, v in data.items()}, markdown(n, rows, headline), headline)
+
+
+def measure(tmp: Path, count: int, in_memory: bool) -> dict[str, dict[str, Any]]:
+    """Generate `count` JPEGs under `tmp`, then time preparing them and one streamed epoch (and, with `in_memory`,
+    one epoch with the data in memory), each in its own process."""
+    from trainlab.data.decoding import available_cores
+
+    root, work = tmp / f"raw_{count}", tmp / f"work_{count}"
+    work.mkdir()
+    log(f"data_scale: generating {count:,} JPEGs")
+    generate_folder(root, count)
+    log(f"data_scale: prepare {count:,} images")
+    prep = run_child("prepare", root, work, 0)
+    prep["images_per_s"] = prep["images"] / prep["seconds"]
+    prep["images_per_s_per_core"] = prep["images_per_s"] / available_cores()
+    log(f"data_scale: one streamed epoch on {count:,} images")
+    streamed = run_child("streamed", root, work, 0)
+    result = {"prepare": prep, "streamed": streamed}
+    if in_memory:
+        log(f"data_scale: one in-memory epoch on {count:,} images")
+        result["in_memory"] = run_child("in_memory", root, work, 1 << 20)
+    return result
+
+
+def markdown(n: int, rows: list[list[str]], headline: dict[str, float]) -> str:
+    """The part's report: what was measured, the figures per folder size and run, the headline against its targets."""
+    from trainlab.data.decoding import available_cores
+
+    return "\n".join([
         "## data_scale", "",
         f"Generated JPEG folders of {n:,} and {8 * n:,} photos (crops of scikit-learn's two photos, 150-600 px), "
         f"prepared at {IMAGE_SIZE} px (Pillow with libjpeg's DCT-domain downscaling, on "
@@ -132,7 +146,6 @@ def run(quick: bool) -> PartResult:
             ["prepare images/s per core", fmt(headline["prepare_images_per_s_per_core"]), ">= 300"],
         ]),
     ])
-    return PartResult("data_scale", {str(k): v for k, v in data.items()}, markdown, headline)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("trainlab", "stages", "benchmarks", "tests/test_gpu.py", "tests/engine/test_loop.py",
@@ -177,79 +179,118 @@ def lock_versions() -> dict[str, str]:
     return found
 
 
+@dataclass
+class Findings:
+    """What the preflight found: the record preflight.json holds, the problems (a PROBLEMS verdict) and notes."""
+
+    record: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
 def preflight(out: Path, site: Path, device: str) -> dict:
+    """Run every check, write OUT/preflight.json and return its record (verdict included)."""
     t0 = time.perf_counter()
-    problems: list[str] = []
-    notes: list[str] = []
+    found = Findings()
+    check_torch(found, device)
+    check_modules(found, site)
+    check_compiler_and_disk(found)
+    found.record["seconds"] = round(time.perf_counter() - t0, 1)
+    found.record["problems"], found.record["notes"] = found.problems, found.notes
+    found.record["verdict"] = verdict(found)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "preflight.json").write_text(json.dumps(found.record, indent=2) + "\n")
+    return found.record
+
+
+def check_torch(found: Findings, device: str) -> None:
+    """Python, torch and torchvision versions (and the lock's), the GPU torch sees, the torch APIs used."""
     import torch
 
-    record: dict = {"python": sys.version.split()[0], "torch": torch.__version__, "lock": lock_versions()}
+    record = found.record
+    record.update({"python": sys.version.split()[0], "torch": torch.__version__, "lock": lock_versions()})
     try:
         record["torchvision"] = importlib.metadata.version("torchvision")
     except importlib.metadata.PackageNotFoundError:
         record["torchvision"] = None
-        problems.append("torchvision missing")
+        found.problems.append("torchvision missing")
     record["cuda_visible"] = torch.cuda.is_available()
     if record["cuda_visible"]:
         record["gpu"] = torch.cuda.get_device_name(0)
         record["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
         record["torch_cuda"] = torch.version.cuda
     elif device == "cuda":
-        problems.append("CUDA not visible to torch")
-    apis = torch_apis()
-    record["apis"] = apis
-    missing_apis = [k for k, ok in apis.items() if not ok]
+        found.problems.append("CUDA not visible to torch")
+    record["apis"] = torch_apis()
+    missing_apis = [k for k, ok in record["apis"].items() if not ok]
     if missing_apis:
-        problems.append("torch APIs missing: " + ", ".join(missing_apis))
-    # modules: install only the wheels of the missing ones (and, in a second round, what those need)
-    wheels = sorted((REPO / ".whl").glob("*.whl"))
-    installed: list[str] = []
+        found.problems.append("torch APIs missing: " + ", ".join(missing_apis))
+
+
+def check_modules(found: Findings, site: Path) -> None:
+    """The third-party modules the parts import: the missing ones installed from .whl/, the entry modules imported."""
     needed = sorted(third_party_imports() | set(DATA_PACKAGES))
     absent = [m for m in needed if not _findable(m)]
-    record["absent_expected"] = [m for m in absent if m in EXPECTED_ABSENT]
+    found.record["absent_expected"] = [m for m in absent if m in EXPECTED_ABSENT]
+    installed, failures, absent = install_missing(found, absent, site)
+    found.record["installed_from_whl"] = installed
+    if failures is None:
+        failures, absent = import_entry_modules(site)
+    still = [m for m in absent if m not in EXPECTED_ABSENT]
+    found.record["import_failures"] = failures
+    if failures:
+        found.problems.append(f"{len(failures)} entry module(s) do not import: " + "; ".join(failures[:3]) +
+                              (f" (no wheel in .whl/ for {', '.join(still)})" if still else ""))
+
+
+def install_missing(found: Findings, absent: list[str], site: Path) -> tuple[list[str], list[str] | None, list[str]]:
+    """Install into `site` only the wheels of .whl/ for the `absent` modules (not those absent on purpose), in rounds:
+    a wheel installed may need another, which the real imports then name. (Modules installed, the last import
+    failures or None where no round ran, the modules still absent.)"""
+    wheels = sorted((REPO / ".whl").glob("*.whl"))
+    installed: list[str] = []
     failures = None
-    for _ in range(4):  # a wheel installed may need another: the real imports name it
+    for _ in range(4):
         todo = [m for m in absent if m not in EXPECTED_ABSENT and m not in installed]
         picks = {m: wheel_for(m, wheels) for m in todo}
         if not any(picks.values()):
             break
         error = install([w for w in dict.fromkeys(picks.values()) if w], site)
         if error:
-            problems.append(f"pip install from .whl/ failed: {error}")
+            found.problems.append(f"pip install from .whl/ failed: {error}")
             break
         installed += [m for m, w in picks.items() if w]
         failures, absent = import_entry_modules(site)
-    record["installed_from_whl"] = installed
-    if failures is None:
-        failures, absent = import_entry_modules(site)
-    still = [m for m in absent if m not in EXPECTED_ABSENT]
-    record["import_failures"] = failures
-    if failures:
-        problems.append(f"{len(failures)} entry module(s) do not import: " + "; ".join(failures[:3]) +
-                        (f" (no wheel in .whl/ for {', '.join(still)})" if still else ""))
+    return installed, failures, absent
+
+
+def check_compiler_and_disk(found: Findings) -> None:
+    """A C compiler and Python's headers for torch.compile (a note where missing), and enough free disk."""
     cc, why_no_compile = compiler()
-    record["c_compiler"], record["compile_skipped_because"] = cc, why_no_compile
+    found.record["c_compiler"], found.record["compile_skipped_because"] = cc, why_no_compile
     if why_no_compile:
-        notes.append(f"compile test skipped: {why_no_compile}")
+        found.notes.append(f"compile test skipped: {why_no_compile}")
     free = {str(p): round(shutil.disk_usage(p).free / 1e9, 1) for p in (REPO, Path("/tmp"))}
-    record["free_gb"] = free
+    found.record["free_gb"] = free
     if min(free.values()) < MIN_FREE_GB:
-        problems.append(f"under {MIN_FREE_GB} GB free: {free}")
-    record["seconds"] = round(time.perf_counter() - t0, 1)
+        found.problems.append(f"under {MIN_FREE_GB} GB free: {free}")
+
+
+def verdict(found: Findings) -> str:
+    """The one line: OK or PROBLEMS (listed), then the GPU, versions, APIs, modules, compiler, disk and time."""
+    record, problems, notes = found.record, found.problems, found.notes
+    apis, free = record["apis"], record["free_gb"]
     versions = (f"torch {record['torch']} (lock {record['lock'].get('torch', '?')}), torchvision "
                 f"{record['torchvision']} (lock {record['lock'].get('torchvision', '?')})")
     where = (f"CUDA {record.get('gpu')} (cc {record.get('capability')}, CUDA {record.get('torch_cuda')})"
              if record["cuda_visible"] else "no CUDA")
-    record["problems"], record["notes"] = problems, notes
-    record["verdict"] = (f"{'PROBLEMS: ' + '; '.join(problems) if problems else 'OK'} | {where}; {versions}; "
-                         f"{len(apis) - len(missing_apis)}/{len(apis)} APIs; entry modules "
-                         f"{'ok' if not failures else 'FAIL'}; installed from .whl: {', '.join(installed) or 'none'}; "
-                         f"absent as expected: {', '.join(record['absent_expected']) or 'none'}; "
-                         f"cc {cc or 'none'}{'; ' + '; '.join(notes) if notes else ''}; "
-                         f"free {min(free.values()):.0f} GB; {record['seconds']:.1f} s")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "preflight.json").write_text(json.dumps(record, indent=2) + "\n")
-    return record
+    return (f"{'PROBLEMS: ' + '; '.join(problems) if problems else 'OK'} | {where}; {versions}; "
+            f"{sum(apis.values())}/{len(apis)} APIs; entry modules "
+            f"{'ok' if not record['import_failures'] else 'FAIL'}; installed from .whl: "
+            f"{', '.join(record['installed_from_whl']) or 'none'}; "
+            f"absent as expected: {', '.join(record['absent_expected']) or 'none'}; "
+            f"cc {record['c_compiler'] or 'none'}{'; ' + '; '.join(notes) if notes else ''}; "
+            f"free {min(free.values()):.0f} GB; {record['seconds']:.1f} s")
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,8 @@ import dataclasses
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +49,14 @@ def params():
 
 
 def model_batch(name: str, batch_size: int, device) -> tuple[Any, dict]:
-    """The pipeline's Task for `name` (params.yaml) and one training batch of real data on the device."""
+    """The pipeline's Trainable for `name` (params.yaml) and one training batch of real data on the device."""
     from trainlab.core.repro import seed_everything
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
 
     data = task_data(name)
     p = params()
     seed_everything(p.base.seed)
-    task = build_task(name, p, data.meta)
+    task = build_trainable(name, p, data.meta)
     batch = {k: v[:batch_size].to(device) for k, v in data.train.items()}
     return task, batch
 
@@ -128,121 +130,208 @@ def make_bare_step(task, runtime, batch: dict, cfg, seed: int, graph: bool):
     return lambda: step()
 
 
+@dataclass(frozen=True)
+class MfuRun:
+    """What the whole part shares: the engine's runtime, params.yaml, how long a timed run lasts, where traces go."""
+
+    runtime: Any
+    params: Any
+    target_s: float  # each timed run of steps (or of matmuls) lasts about this long
+    quick: bool
+    out_dir: Path | None = None
+
+    @property
+    def device(self):
+        return self.runtime.device
+
+
+@dataclass(frozen=True)
+class ModelSteps:
+    """One model measured: its params.yaml recipe, the pipeline's Trainable, one training batch on the device, its
+    FLOPs."""
+
+    name: str
+    cfg: Any
+    task: Any
+    batch: dict
+    flops: dict[str, int]
+
+
+@dataclass
+class Contenders:
+    """The alternated contenders (label -> timed call) and what each one's step is (label -> its JSON info)."""
+
+    calls: dict[str, Callable] = field(default_factory=dict)
+    info: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def run(quick: bool, repeats: int, device: str, models: tuple[str, ...] = MODELS, compile: bool = False,
         out_dir: Path | None = None) -> PartResult:
     """Alternate the matmul peak and each model's engine training step; MFU per round, medians over rounds."""
-    from trainlab.profiling.flops import flops_per_step
-    from trainlab.profiling.peaks import matmul_peak_flops
-    from trainlab.profiling.throughput import make_steps, time_step
-    from trainlab.profiling.traces import trace_step
-    from trainlab.jobs.train import settle_auto_precision
-
     t0 = time.perf_counter()
     runtime = engine_runtime(device, compile)
-    dev = runtime.device
-    p = params()
-    target = TARGET_STEP_S["quick" if quick else "full"]
-    contenders, info = {}, {}
-
-    def step_fn(step, steps: int, batch_size: int, flops: int):
-        def run_steps(r, warm):
-            timing = time_step(step, dev, steps=1 if warm else steps, warmup=0, repeats=1)
-            t = timing.per_step[0]
-            return {"step_s": t, "samples_per_s": batch_size / t, "flop_per_s": flops / t}
-        return run_steps
-
+    bench = MfuRun(runtime, params(), TARGET_STEP_S["quick" if quick else "full"], quick, out_dir)
+    found = Contenders()
     for name in models:
-        cfg = getattr(p, name)
-        task, batch = model_batch(name, cfg.batch_size, dev)
-        flops = flops_per_step(task, batch)
-        # precision auto as the training stage settles it for this model (fp32 for a small step on CUDA)
-        setting_of_model = settle_auto_precision(runtime, "auto", task, {k: v.cpu() for k, v in batch.items()},
-                                                 cfg.batch_size)
-        fp32 = dataclasses.replace(setting_of_model, precision="fp32", channels_last=False, compile=False)
-        settings = {name: setting_of_model}
-        if name == "classifier" and setting_of_model.precision != "fp32":
-            settings[f"{name}[fp32]"] = fp32
-        for kind in ("bare eager", "bare graph"):
-            if kind == "bare graph" and dev.type != "cuda":
-                continue
-            settings[f"{name}[{kind}]"] = setting_of_model
-        for label, setting in settings.items():
-            # The fp32 reference runs without augmentation: the on-device shift returns channels_last-strided
-            # batches, and the reference is meant to be what the plain loop computes (fp32, NCHW throughout).
-            recipe = cfg.model_copy(update={"augment": False}) if label.endswith("[fp32]") else cfg
-            if "[bare" in label:
-                step = make_bare_step(task, setting, batch, recipe, p.base.seed, graph=label.endswith("graph]"))
-                cuda_graph = label.endswith("graph]")
-            else:
-                built = make_steps(task, setting, batch, recipe, p.base.seed)
-                step, cuda_graph = built.train, built.cuda_graph
-            steps = steps_for(step, dev, target)
-            contenders[label] = step_fn(step, steps, cfg.batch_size, flops["train"])
-            info[label] = {"model": name, "setting": setting.describe(), "precision": setting.precision,
-                           "batch_size": cfg.batch_size, "steps_per_timing": steps, "cuda_graph": cuda_graph,
-                           "train_flop_per_step": flops["train"], "infer_flop_per_step": flops["infer"],
-                           "recipe": {"grad_clip": recipe.grad_clip, "augment": recipe.augment,
-                                      "label_smoothing": recipe.label_smoothing, "optimizer": recipe.optimizer}}
-            if name == "classifier" and label == name:
-                info[label]["breakdown"] = op_breakdown(step, dev)
-                if out_dir is not None:
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    trace_step(step, dev, out_dir / "trace_classifier_step.json",
-                               out_dir / "top_ops_classifier_step.txt", warmup=1,
-                               title=f"classifier: one engine training step ({setting.precision}), batch "
-                                     f"{cfg.batch_size}")
+        add_model_steps(bench, name, found)
+    sweeps = peak_sweeps(bench, found.info)
+    for precision, (size, sweep) in sweeps.items():
+        found.calls[f"peak_{precision}"] = peak_contender(bench, precision, size, sweep[size])
+    comparison = alternate(found.calls, repeats, what="mfu")
+    results = summarise(comparison, found.info, sweeps, runtime.precision)
+    return PartResult("mfu", results, markdown(results), headline(results, models), time.perf_counter() - t0)
 
+
+def add_model_steps(bench: MfuRun, name: str, found: Contenders) -> None:
+    """Add one model's steps to `found`: the engine's (and the classifier's fp32 reference) and the bare ones."""
+    from trainlab.profiling.flops import flops_per_step
+
+    cfg = getattr(bench.params, name)
+    task, batch = model_batch(name, cfg.batch_size, bench.device)
+    model = ModelSteps(name, cfg, task, batch, flops_per_step(task, batch))
+    for label, setting in step_settings(bench.runtime, model).items():
+        # The fp32 reference runs without augmentation: the on-device shift returns channels_last-strided
+        # batches, and the reference is meant to be what the plain loop computes (fp32, NCHW throughout).
+        recipe = cfg.model_copy(update={"augment": False}) if label.endswith("[fp32]") else cfg
+        step, cuda_graph = build_step(bench, model, label, setting, recipe)
+        steps = steps_for(step, bench.device, bench.target_s)
+        found.calls[label] = timed_steps(step, bench.device, steps, cfg.batch_size, model.flops["train"])
+        found.info[label] = step_info(model, setting, recipe, steps, cuda_graph)
+        if name == "classifier" and label == name:
+            found.info[label]["breakdown"] = profile_classifier_step(bench, model, step, setting)
+
+
+def step_settings(runtime, model: ModelSteps) -> dict[str, Any]:
+    """label -> the engine's settings for it: precision auto as the training stage settles it for this model (fp32
+    for a small step on CUDA), the classifier's fp32 reference where auto is not fp32, the bare steps (graph: CUDA)."""
+    from trainlab.jobs.train import settle_auto_precision
+
+    auto = settle_auto_precision(runtime, "auto", model.task, {k: v.cpu() for k, v in model.batch.items()},
+                                 model.cfg.batch_size)
+    settings = {model.name: auto}
+    if model.name == "classifier" and auto.precision != "fp32":
+        settings[f"{model.name}[fp32]"] = dataclasses.replace(auto, precision="fp32", channels_last=False,
+                                                              compile=False)
+    for kind in ("bare eager", "bare graph"):
+        if kind == "bare graph" and runtime.device.type != "cuda":
+            continue
+        settings[f"{model.name}[{kind}]"] = auto
+    return settings
+
+
+def build_step(bench: MfuRun, model: ModelSteps, label: str, setting, recipe) -> tuple[Callable[[], None], bool]:
+    """(the step of `label`, whether it is a CUDA graph): the hand-written reference for `[bare ...]`, else the
+    engine's (trainlab.profiling.throughput.make_steps)."""
+    from trainlab.profiling.throughput import make_steps
+
+    seed = bench.params.base.seed
+    if "[bare" in label:
+        graph = label.endswith("graph]")
+        return make_bare_step(model.task, setting, model.batch, recipe, seed, graph=graph), graph
+    built = make_steps(model.task, setting, model.batch, recipe, seed)
+    return built.train, built.cuda_graph
+
+
+def timed_steps(step, device, steps: int, batch_size: int, flops: int):
+    """The contender: `steps` calls of `step` timed as one run (one call when warming up)."""
+    from trainlab.profiling.throughput import time_step
+
+    def run_steps(r, warm):
+        timing = time_step(step, device, steps=1 if warm else steps, warmup=0, repeats=1)
+        t = timing.per_step[0]
+        return {"step_s": t, "samples_per_s": batch_size / t, "flop_per_s": flops / t}
+
+    return run_steps
+
+
+def step_info(model: ModelSteps, setting, recipe, steps: int, cuda_graph: bool) -> dict[str, Any]:
+    """What the JSON records of one step: its model, settings, batch, steps per timing, FLOPs and recipe."""
+    return {"model": model.name, "setting": setting.describe(), "precision": setting.precision,
+            "batch_size": model.cfg.batch_size, "steps_per_timing": steps, "cuda_graph": cuda_graph,
+            "train_flop_per_step": model.flops["train"], "infer_flop_per_step": model.flops["infer"],
+            "recipe": {"grad_clip": recipe.grad_clip, "augment": recipe.augment,
+                       "label_smoothing": recipe.label_smoothing, "optimizer": recipe.optimizer}}
+
+
+def profile_classifier_step(bench: MfuRun, model: ModelSteps, step, setting) -> dict[str, Any]:
+    """The classifier step's op breakdown, and (with an output folder) its trace and top ops written there."""
+    from trainlab.profiling.traces import trace_step
+
+    breakdown = op_breakdown(step, bench.device)
+    if bench.out_dir is not None:
+        bench.out_dir.mkdir(parents=True, exist_ok=True)
+        trace_step(step, bench.device, bench.out_dir / "trace_classifier_step.json",
+                   bench.out_dir / "top_ops_classifier_step.txt", warmup=1,
+                   title=f"classifier: one engine training step ({setting.precision}), batch {model.cfg.batch_size}")
+    return breakdown
+
+
+def peak_sweeps(bench: MfuRun, info: dict[str, dict[str, Any]]) -> dict[str, tuple[int, dict[int, float]]]:
+    """precision -> (the best matmul size, FLOP/s per size tried), for each precision a step runs in."""
     sweeps: dict[str, tuple[int, dict[int, float]]] = {}
     for precision in dict.fromkeys(m["precision"] for m in info.values()):
-        sweeps[precision] = best_peak_size(dev, precision, quick)
+        sweeps[precision] = best_peak_size(bench.device, precision, bench.quick)
         log(f"mfu: {precision} matmul sweep " + ", ".join(f"{n}: {v / 1e9:,.0f} GFLOP/s"
                                                         for n, v in sweeps[precision][1].items()))
+    return sweeps
 
-    def peak_fn(prec: str, n: int, flops: float):
-        # As many matmuls as fill about `target` seconds, like a step timing; the median of their single timings
-        # is robust to a preemption, so on a busy machine the peak errs high and the MFU low (conservative).
-        count = max(3, min(100, round(target / (2 * n**3 / flops))))
-        return lambda r, warm: {"flop_per_s": matmul_peak_flops(dev, prec, repeats=2 if warm else count,
-                                                                  sizes=(n,))}
 
-    for precision, (size, sweep) in sweeps.items():
-        contenders[f"peak_{precision}"] = peak_fn(precision, size, sweep[size])
-    precision = runtime.precision
+def peak_contender(bench: MfuRun, precision: str, n: int, flops: float):
+    """The peak contender: as many n x n matmuls as fill about a step timing. The median of their single timings is
+    robust to a preemption, so on a busy machine the peak errs high and the MFU low (conservative)."""
+    from trainlab.profiling.peaks import matmul_peak_flops
+
+    count = max(3, min(100, round(bench.target_s / (2 * n**3 / flops))))
+    return lambda r, warm: {"flop_per_s": matmul_peak_flops(bench.device, precision, repeats=2 if warm else count,
+                                                              sizes=(n,))}
+
+
+def summarise(comparison, info: dict[str, dict[str, Any]], sweeps: dict[str, tuple[int, dict[int, float]]],
+              precision: str) -> dict[str, Any]:
+    """The part's JSON: the peak of the runtime's precision, then per step its timings and MFU, then the run order."""
     size, sweep = sweeps.get(precision, next(iter(sweeps.values())))
-    fp32_size = sweeps.get("fp32", (None, {}))[0]
-
-    comparison = alternate(contenders, repeats, what="mfu")
     results: dict[str, Any] = {"precision": precision, "peak_size": size, "peak_sweep": sweep,
-                               "fp32_peak_size": fp32_size, "models": {}}
+                               "fp32_peak_size": sweeps.get("fp32", (None, {}))[0], "models": {}}
     for label, meta in info.items():
-        peak_key = f"peak_{meta['precision']}"
-        achieved = comparison.values(label, "flop_per_s")
-        peaks = comparison.values(peak_key, "flop_per_s")
-        paired = [a / b for a, b in zip(achieved, peaks) if b]
-        med_a, med_p = comparison.median(label, "flop_per_s"), comparison.median(peak_key, "flop_per_s")
-        best_p = max([*peaks, *sweeps[meta["precision"]][1].values()], default=None)
-        results["models"][label] = {
-            **meta, "step_s": comparison.values(label, "step_s"), "achieved_flop_per_s": achieved,
-            "peak_flop_per_s": peaks, "median_step_s": comparison.median(label, "step_s"),
-            "median_samples_per_s": comparison.median(label, "samples_per_s"),
-            "median_achieved_flop_per_s": med_a, "median_peak_flop_per_s": med_p,
-            "mfu": med_a / med_p if med_a and med_p else None,
-            "mfu_paired_median": statistics.median(paired) if paired else None,
-            "best_peak_flop_per_s": best_p, "mfu_vs_best_peak": med_a / best_p if med_a and best_p else None,
-            "spread": comparison.spread(label, "flop_per_s"),
-        }
+        results["models"][label] = model_summary(comparison, label, meta, sweeps[meta["precision"]][1])
     results["order"] = comparison.order
-    headline = {}
+    return results
+
+
+def model_summary(comparison, label: str, meta: dict[str, Any], sweep: dict[int, float]) -> dict[str, Any]:
+    """One step's figures: its timings, achieved and peak FLOP/s per round, medians, MFU (of the medians, paired
+    per round, and against the best peak seen, sweep included) and spread."""
+    peak_key = f"peak_{meta['precision']}"
+    achieved = comparison.values(label, "flop_per_s")
+    peaks = comparison.values(peak_key, "flop_per_s")
+    paired = [a / b for a, b in zip(achieved, peaks) if b]
+    med_a, med_p = comparison.median(label, "flop_per_s"), comparison.median(peak_key, "flop_per_s")
+    best_p = max([*peaks, *sweep.values()], default=None)
+    return {
+        **meta, "step_s": comparison.values(label, "step_s"), "achieved_flop_per_s": achieved,
+        "peak_flop_per_s": peaks, "median_step_s": comparison.median(label, "step_s"),
+        "median_samples_per_s": comparison.median(label, "samples_per_s"),
+        "median_achieved_flop_per_s": med_a, "median_peak_flop_per_s": med_p,
+        "mfu": med_a / med_p if med_a and med_p else None,
+        "mfu_paired_median": statistics.median(paired) if paired else None,
+        "best_peak_flop_per_s": best_p, "mfu_vs_best_peak": med_a / best_p if med_a and best_p else None,
+        "spread": comparison.spread(label, "flop_per_s"),
+    }
+
+
+def headline(results: dict[str, Any], models: tuple[str, ...]) -> dict[str, Any]:
+    """The classifier's MFU, each model's engine step samples/s and its ratio to the bare steps."""
+    found = {}
     if "classifier" in results["models"]:
-        headline["classifier_engine_mfu"] = results["models"]["classifier"]["mfu"]
+        found["classifier_engine_mfu"] = results["models"]["classifier"]["mfu"]
     for name in models:
         engine = results["models"].get(name, {}).get("median_samples_per_s")
-        headline[f"{name}_engine_step_samples_per_s"] = engine
+        found[f"{name}_engine_step_samples_per_s"] = engine
         for kind in ("bare eager", "bare graph"):
             other = results["models"].get(f"{name}[{kind}]", {}).get("median_samples_per_s")
             if engine and other:
-                headline[f"{name}_engine_over_{kind.replace(' ', '_')}_step"] = engine / other
-    return PartResult("mfu", results, markdown(results), headline, time.perf_counter() - t0)
+                found[f"{name}_engine_over_{kind.replace(' ', '_')}_step"] = engine / other
+    return found
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -278,7 +278,7 @@ def logging_time(root: Path, repeats: int) -> dict[str, Any]:
             data_dir, model_dir = root / "data/prepared" / folder, root / "models" / name
             model = load_saved_model(model_dir, name).model
             test = load_file(str(data_dir / "test.safetensors"))
-            task = get(name).load().make_task(model, json.loads((data_dir / "meta.json").read_text()))
+            task = get(name).load().make_trainable(model, json.loads((data_dir / "meta.json").read_text()))
             example, _ = task.prepare_batch({k: v[:2] for k, v in test.items()}, False, None)
             raw = raw_example(name, test, data_dir)
 

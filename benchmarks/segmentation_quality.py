@@ -46,19 +46,20 @@ def params_for(root: Path, overrides: dict[str, Any]):
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the segmenter of `params` on the prepared folder; test per-class IoU/Dice and the training time."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.engine.loop import evaluate, FitOptions, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
 
     meta = load_meta(folder)
     splits = {s: load_split(folder, s) for s in ("train", "val", "test")}
     runtime = resolve_runtime(params.base)
     seed_everything(params.base.seed)
-    task = build_task("segmenter", params, meta)
+    task = build_trainable("segmenter", params, meta)
     cfg = params.segmenter
     with quiet_stderr(), CpuClock() as clock:
-        result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed, eval_batch_size=4)
+        result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed,
+                     options=FitOptions(eval_batch_size=4))
     test = scalars(evaluate(task, result.model, splits["test"], runtime, 4))
     # train_time_s: the engine's training time (validation excluded); fit_cpu_s: process CPU seconds of the whole
     # fit, validations included (with fit_wall_s it shows how much of a shared machine the run got)

@@ -31,8 +31,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "default": {},
     # each model with the settings params.yaml and docs/data.md give for it (a bag's lr is far too large for the
     # Transformer and the Transformer's far too small for a bag)
-    "tfidf_bag": {"arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "weight_decay": 0.00002, "epochs": 10,
-                  "batch_size": 128, "dropout": 0.0, "warmup_epochs": 0, "char_ngrams": [3, 5]},
+    # the default before text.weight_decay auto: one weight decay fixed on the tweets and the two corpora
+    "tfidf_bag_fixed": {"arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "weight_decay": 0.00002, "epochs": 10,
+                        "batch_size": 128, "dropout": 0.0, "warmup_epochs": 0, "char_ngrams": [3, 5]},
     "ngram_bag": {"arch": "ngram_bag", "optimizer": "adamw", "d_model": 32, "lr": 0.05, "batch_size": 256,
                   "epochs": 3},
     "nb_bag": {"arch": "nb_bag", "optimizer": "adamw", "lr": 0.2, "batch_size": 128, "epochs": 5, "dropout": 0.5,
@@ -65,26 +66,28 @@ def prepare(corpus: str, folder: Path, params) -> dict[str, Any]:
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the text model of `params` on the prepared folder (no checkpoint, no tracking); test metrics and time."""
     from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
+    from trainlab.tasks import get
 
     meta = load_meta(folder)
     splits = {s: load_split(folder, s) for s in ("train", "val", "test")}
     runtime = resolve_runtime(params.base)
     seed_everything(params.base.seed)
     t0 = time.perf_counter()
-    task = build_task("text", params, meta, splits["train"], folder)  # with the statistics of the training split
+    task = build_trainable("text", params, meta, splits["train"], folder)  # with the statistics of the training split
     statistics_s = time.perf_counter() - t0
     cfg = params.text
     with quiet_stderr():
         result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed,
-                     eval_batch_size=2 * cfg.batch_size)
+                     options=FitOptions(eval_batch_size=2 * cfg.batch_size))
+    task, chosen = get("text").load().choose_model(task, result)  # as the training stage does
     test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size))
     return {"accuracy": test["accuracy"], "macro_f1": test["macro_f1"], "train_time_s": statistics_s + result.train_time_s,
             "epochs": len(result.history), "best_val_accuracy": max(r["val_accuracy"] for r in result.history),
-            "params": result.params_total}
+            "val_accuracy": result.history[-1]["val_accuracy"], "params": result.params_total, "chosen": chosen}
 
 
 def baseline(params, folder: Path, num_classes: int) -> dict[str, Any]:
@@ -157,6 +160,45 @@ def run(quick: bool = False, models: list[str] | None = None, corpora: list[str]
             headline[f"text_default_over_tfidf_points_{corpus}"] = row["models"]["default"]["over_baseline_points"]
             headline[f"text_default_train_s_{corpus}"] = row["models"]["default"]["train_time_s"]
     return PartResult("text_quality", results, markdown(results), headline, time.perf_counter() - t0)
+
+
+def weight_decay_choice(corpora: list[str] | None = None) -> PartResult:
+    """The text half of ``python -m benchmarks --only search``: on every corpus here, the default text model
+    (text.weight_decay auto: the weight decay chosen on the validation split) and the same bag with the one weight
+    decay fixed before, against the TF-IDF baseline; the decay each corpus chose and every candidate's validation
+    accuracy."""
+    t0 = time.perf_counter()
+    models = {"auto": {"weight_decay": "auto"}, "fixed": MODELS["tfidf_bag_fixed"]}
+    results = measure(corpora or list(CORPORA), models)
+    headline = {}
+    for corpus, row in results.items():
+        if "skipped" not in row:
+            headline[f"text_auto_over_tfidf_points_{corpus}"] = row["models"]["auto"]["over_baseline_points"]
+            headline[f"text_auto_weight_decay_{corpus}"] = row["models"]["auto"]["chosen"]["weight_decay"]
+    return PartResult("text_weight_decay", results, choice_markdown(results), headline, time.perf_counter() - t0)
+
+
+def choice_markdown(results: dict[str, Any]) -> str:
+    rows = []
+    for corpus, row in results.items():
+        if "skipped" in row:
+            rows.append([corpus, "skipped", row["skipped"], "", "", "", "", ""])
+            continue
+        auto, fixed = row["models"]["auto"], row["models"]["fixed"]
+        candidates = auto["chosen"]["candidates"]
+        rows.append([corpus, f"{auto['chosen']['weight_decay']:g}",
+                     ", ".join(f"{d}: {c['val_loss']:.4f} / {100 * c['val_accuracy']:.1f}"
+                               for d, c in candidates.items()),
+                     f"{100 * auto['accuracy']:.2f}", f"{100 * fixed['accuracy']:.2f}",
+                     f"{100 * row['baseline']['accuracy']:.2f}", f"{auto['over_baseline_points']:+.2f}",
+                     f"{auto['train_time_s']:.1f} / {fixed['train_time_s']:.1f}"])
+    return "\n".join(["## text: weight decay chosen on validation", "",
+                      "text.weight_decay auto trains one head per candidate weight decay in one run and keeps the "
+                      "head with the lowest validation loss (cross-entropy); test accuracy of that head, of the bag "
+                      "with weight_decay 2e-5 fixed (the default before), and of the TF-IDF baseline, on each "
+                      "corpus's test split.", "",
+                      table(["corpus", "chosen", "per candidate: val loss / val accuracy %", "auto %", "fixed 2e-5 %",
+                             "TF-IDF %", "auto vs TF-IDF (pt)", "train s auto / fixed"], rows)])
 
 
 def main(argv: list[str]) -> int:

@@ -88,14 +88,14 @@ SCALES: dict[str, dict[str, ModelSetup]] = {
 
 
 def build(setup: ModelSetup, data: TaskData, seed: int, cfg=None):
-    """The pipeline's own Task for the model (same init for every contender given the same seed)."""
+    """The pipeline's own Trainable for the model (same init for every contender given the same seed)."""
     from trainlab.core.config import Params
     from trainlab.core.repro import seed_everything
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
 
     cfg = cfg or setup.train_params()
     seed_everything(seed)
-    return build_task(setup.name, Params(**{setup.name: cfg}), data.meta)
+    return build_trainable(setup.name, Params(**{setup.name: cfg}), data.meta)
 
 
 def test_quality(task, model, data: TaskData, device) -> dict[str, float]:
@@ -153,7 +153,7 @@ def cosine_schedule(optimizer, cfg, steps_per_epoch: int):
 # --- contenders ------------------------------------------------------------------------------------------------------
 
 def engine_contender(setup: ModelSetup, data: TaskData, runtime):
-    from trainlab.engine.loop import fit
+    from trainlab.engine.loop import FitOptions, fit
 
     def run(repeat: int, warm: bool) -> dict[str, Any]:
         seed = SEED + max(repeat, 0)
@@ -163,7 +163,7 @@ def engine_contender(setup: ModelSetup, data: TaskData, runtime):
         task = build(setup, data, seed, cfg)
         val = {k: v[:VAL_SAMPLES] for k, v in data.val.items()}
         with quiet_stderr(), CpuClock() as clock:
-            result = fit(task, data.train, val, cfg, runtime, seed=seed, eval_batch_size=256)
+            result = fit(task, data.train, val, cfg, runtime, seed=seed, options=FitOptions(eval_batch_size=256))
         out = {"samples_per_s": result.samples_per_s, "train_s": result.train_time_s, "call_wall_s": clock.wall,
                "cpu_per_wall": clock.cpu / max(clock.wall, 1e-9)}
         if not warm:
@@ -223,24 +223,62 @@ def lightning_contender(setup: ModelSetup, data: TaskData, device):
         import lightning.pytorch as pl
     except ImportError:
         pl = None
+
+    def run(repeat: int, warm: bool) -> dict[str, Any]:
+        if pl is None:
+            raise Skip("lightning is not installed (pip install -e '.[bench]')")
+        reset_global_flags()
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        seed = SEED + max(repeat, 0)
+        cfg = setup.train_params()
+        task = build(setup, data, seed, cfg)
+        loader = plain_loader(task, data, cfg, seed)
+        timer = lightning_timer(pl, device)
+        trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
+                             precision="32-true", max_epochs=cfg.epochs, max_steps=WARMUP_STEPS if warm else -1,
+                             enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                             enable_model_summary=False, num_sanity_val_steps=0, callbacks=[timer])
+        module = lightning_module(pl, task, cfg, len(loader))
+        with warnings.catch_warnings(), CpuClock() as clock:
+            warnings.simplefilter("ignore")
+            trainer.fit(module, train_dataloaders=loader)
+        train_s = timer.t1 - timer.t0
+        out = {"samples_per_s": timer.samples / train_s, "train_s": train_s, "call_wall_s": clock.wall,
+               "cpu_per_wall": clock.cpu / max(clock.wall, 1e-9)}
+        if not warm:  # Trainer.fit leaves the module on the CPU when it ends
+            model = module.model.to(device)
+            out.update({f"test_{k}": v for k, v in test_quality(task, model, data, device).items()})
+        return out
+
+    return run
+
+
+def lightning_module(pl, task, cfg, steps_per_epoch: int):
+    """The LightningModule wrapping the task's model and loss, with the plain loop's AdamW and per-step schedule."""
     import torch
 
-    class LitTask(pl.LightningModule if pl else object):
-        def __init__(self, model, loss_fn, cfg, steps_per_epoch):
+    class LitTask(pl.LightningModule):
+        def __init__(self, model, loss_fn):
             super().__init__()
-            self.model, self.loss_fn, self.cfg, self.steps_per_epoch = model, loss_fn, cfg, steps_per_epoch
+            self.model, self.loss_fn = model, loss_fn
 
         def training_step(self, batch, batch_idx):
             x, y = batch
             return self.loss_fn(self.model(x), y)
 
         def configure_optimizers(self):
-            opt = torch.optim.AdamW(self.parameters(), lr=self.cfg.lr, betas=ADAMW_BETAS,
-                                    weight_decay=self.cfg.weight_decay)
-            schedule = cosine_schedule(opt, self.cfg, self.steps_per_epoch)
+            opt = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=ADAMW_BETAS, weight_decay=cfg.weight_decay)
+            schedule = cosine_schedule(opt, cfg, steps_per_epoch)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    class Timer(pl.Callback if pl else object):
+    return LitTask(task.model, task.loss_fn)
+
+
+def lightning_timer(pl, device):
+    """A callback counting the samples trained and timing on_train_start to on_train_end (synchronised)."""
+
+    class Timer(pl.Callback):
         def __init__(self):
             self.samples, self.t0, self.t1 = 0, 0.0, 0.0
 
@@ -254,34 +292,7 @@ def lightning_contender(setup: ModelSetup, data: TaskData, device):
             synchronize(device)
             self.t1 = time.perf_counter()
 
-    def run(repeat: int, warm: bool) -> dict[str, Any]:
-        if pl is None:
-            raise Skip("lightning is not installed (pip install -e '.[bench]')")
-        reset_global_flags()
-        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        seed = SEED + max(repeat, 0)
-        cfg = setup.train_params()
-        task = build(setup, data, seed, cfg)
-        loader = plain_loader(task, data, cfg, seed)
-        timer = Timer()
-        trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
-                             precision="32-true", max_epochs=cfg.epochs, max_steps=WARMUP_STEPS if warm else -1,
-                             enable_progress_bar=False, logger=False, enable_checkpointing=False,
-                             enable_model_summary=False, num_sanity_val_steps=0, callbacks=[timer])
-        module = LitTask(task.model, task.loss_fn, cfg, len(loader))
-        with warnings.catch_warnings(), CpuClock() as clock:
-            warnings.simplefilter("ignore")
-            trainer.fit(module, train_dataloaders=loader)
-        train_s = timer.t1 - timer.t0
-        out = {"samples_per_s": timer.samples / train_s, "train_s": train_s, "call_wall_s": clock.wall,
-               "cpu_per_wall": clock.cpu / max(clock.wall, 1e-9)}
-        if not warm:  # Trainer.fit leaves the module on the CPU when it ends
-            model = module.model.to(device)
-            out.update({f"test_{k}": v for k, v in test_quality(task, model, data, device).items()})
-        return out
-
-    return run
+    return Timer()
 
 
 def bare_contender(setup: ModelSetup, data: TaskData, runtime, graph: bool):

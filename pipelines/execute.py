@@ -22,6 +22,7 @@ from trainlab.core.errors import (
     ParamsError,
     TrackingUnavailable,
     TrainingDiverged,
+    TrialPruned,
     UserError,
 )
 
@@ -59,6 +60,10 @@ class PermanentStageError(StageFailed):
     """Bad params, bad data, a mismatched checkpoint or a diverged run: fails at once, never retried."""
 
     permanent = True
+
+
+class PrunedStageError(PermanentStageError):
+    """The stage exited 9: a search trial's pruner stopped its training (no outputs); a result, never retried."""
 
 
 class TransientStageError(StageFailed):
@@ -128,6 +133,8 @@ def stage_failure(stage: str, result: CommandResult, tracking_uri: str | None = 
         return TrackingDownStageError(
             stage, f"stage {stage} failed (MLflow server unreachable, exit {code}; not retried while it is down): "
             f"{detail}", code, tracking_uri)
+    if code == TrialPruned.exit_code:
+        return PrunedStageError(stage, f"stage {stage} pruned (exit {code}; not retried): {detail}", code)
     if code in PERMANENT_EXIT_CODES:
         return PermanentStageError(
             stage, f"stage {stage} failed ({PERMANENT_EXIT_CODES[code]}, exit {code}; not retried): {detail}", code)

@@ -125,7 +125,7 @@ def publish_summary(summary: Mapping[str, Any], tracker: Any) -> None:
 def _unless_mlflow_down(fn: Callable[..., Any], default: Any, *args: Any) -> Any:
     """`fn(*args)`, or `default` with one warning line when the MLflow server does not answer (the stages' outcome
     does not depend on it: their own calls are spooled and replayed)."""
-    from trainlab.tracking.queue import is_outage
+    from trainlab.tracking.outage import is_outage
 
     try:
         return fn(*args)

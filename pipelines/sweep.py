@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from prefect.tasks import exponential_backoff
 from pipelines import overrides as ov
 from pipelines.dag import StageInfo, find_root, read_stages, select
 from pipelines.dvc_cli import run_dvc, stage_env
-from pipelines.experiment import experiment_run
+from pipelines.experiment import ExperimentRun, experiment_run
 from pipelines.execute import (
     is_transient,
     parse_repro_log,
@@ -60,19 +61,26 @@ def run_point(root: str, name: str, overrides: dict[str, Any], stages: list[Stag
     params = ov.validated_params(repo, overrides)
     with experiment_run(repo, params, overrides, name, stages, f"sweep point {name}", "experiment", logger.info,
                         parent_run_id=sweep_run_id) as run:
-        result = run_dvc(["repro", *(targets or [])], run.workspace, stage_env(run.env), on_line=logger.info)
-        if result.returncode != 0:
-            raise stage_failure(_failed_stage(result.lines), result)
-        statuses = dict(parse_repro_log(result.lines))
-        selected = select(stages, targets)
-        metrics = {s.name: read_key_metrics(s, run.workspace) for s in selected}
-        ref = save_experiment(repo, run.workspace, name, selected, log=logger.info, partial=bool(targets))
-        point = {"name": name, "overrides": overrides, "experiment_ref": ref,
-                 "mlflow_run_id": run.tracker.run_id or None, "seconds": round(time.perf_counter() - started, 3),
-                 "stages": [{"stage": s.name, "status": statuses.get(s.name, "skipped"), "seconds": 0.0,
-                             "metrics": metrics[s.name]} for s in selected]}
+        point = repro_and_save(run, repo, name, overrides, stages, targets, logger.info, started)
         log_summary(run.tracker, point)
     return point
+
+
+def repro_and_save(run: ExperimentRun, repo: Path, name: str, overrides: dict[str, Any], stages: list[StageInfo],
+                   targets: list[str] | None, log: Callable[[str], None], started: float) -> dict[str, Any]:
+    """`dvc repro [TARGETS]` in the experiment's workspace (StageFailed if a stage fails), its stages' key metrics,
+    saved as `dvc exp` NAME: a sweep point's or a search trial's body."""
+    result = run_dvc(["repro", *(targets or [])], run.workspace, stage_env(run.env), on_line=log)
+    if result.returncode != 0:
+        raise stage_failure(_failed_stage(result.lines), result)
+    statuses = dict(parse_repro_log(result.lines))
+    selected = select(stages, targets)
+    metrics = {s.name: read_key_metrics(s, run.workspace) for s in selected}
+    ref = save_experiment(repo, run.workspace, name, selected, log=log, partial=bool(targets))
+    return {"name": name, "overrides": overrides, "experiment_ref": ref,
+            "mlflow_run_id": run.tracker.run_id or None, "seconds": round(time.perf_counter() - started, 3),
+            "stages": [{"stage": s.name, "status": statuses.get(s.name, "skipped"), "seconds": 0.0,
+                        "metrics": metrics[s.name]} for s in selected]}
 
 
 @flow(name=POINT_FLOW_NAME, persist_result=True, log_prints=True)

@@ -5,24 +5,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.core.cli import command_parser, run_cli
-from trainlab.core.config import DEFAULT_PARAMS, load_params
-from trainlab.tracking.uri import probe_tracking
+from trainlab.core.cli import run_cli
+from trainlab.jobs.stage_cli import stage_params, stage_parser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = command_parser(prog="python -m stages.evaluate", description=__doc__)
+    parser = stage_parser("python -m stages.evaluate", __doc__)
     parser.add_argument("data_dir", type=Path, help="prepared data (classification/, segmentation/, text/)")
     parser.add_argument("models_dir", type=Path, help="trained models (classifier/, segmenter/, text/)")
     parser.add_argument("out_dir", type=Path, help="reports folder, replaced whole on success")
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    params = load_params(args.params)  # bad params fail here, before torch is imported
-    probe_tracking(params)  # an unreachable server too (or its local fallback)
+    params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
     from trainlab.jobs.evaluate import describe, run_evaluation
 
     metrics = run_evaluation(params, args.data_dir, args.models_dir, args.out_dir)

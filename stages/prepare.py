@@ -8,16 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.core.atomic import atomic_dir, write_json
-from trainlab.core.cli import command_parser, run_cli
-from trainlab.core.config import DEFAULT_PARAMS, Params, load_params
-from trainlab.tracking.uri import probe_tracking
+from trainlab.core.cli import run_cli
+from trainlab.jobs.stage_cli import stage_params, stage_parser
+from trainlab.core.config import Params
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = command_parser(prog="python -m stages.prepare", description=__doc__)
+    parser = stage_parser("python -m stages.prepare", __doc__)
     parser.add_argument("out_dir", type=Path, help="folder for the prepared datasets (replaced whole on success)")
     parser.add_argument("stats_file", type=Path, help="dataset statistics, a DVC metrics file (JSON)")
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
     parser.add_argument("--download", action="store_true",
                         help="download missing torchvision raw files into data.classification.root (needs internet)")
     return parser.parse_args(argv)
@@ -34,8 +33,7 @@ def run_params(params: Params) -> dict[str, Any]:
 
 def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
-    params = load_params(args.params)  # bad params fail here, before torch is imported
-    probe_tracking(params)  # an unreachable server too (or its local fallback)
+    params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
     from trainlab.jobs.prepare import prepare_all
     from trainlab.core.flatten import numbers
     from trainlab.tracking.runs import start_run

@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.core.cli import command_parser, run_cli
-from trainlab.core.config import DEFAULT_PARAMS, load_params
-from trainlab.tracking.uri import probe_tracking
+from trainlab.core.cli import run_cli
+from trainlab.jobs.stage_cli import stage_params, stage_parser
 from trainlab.tasks import names
 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = command_parser(prog="python -m stages.profile", description=__doc__)
+    parser = stage_parser("python -m stages.profile", __doc__)
     parser.add_argument("data_dir", type=Path, help="prepared data root (classification/, segmentation/, text/)")
     parser.add_argument("models_dir", type=Path, help="trained models root (classifier/, segmenter/, text/)")
     parser.add_argument("out_dir", type=Path, help="where the profile is written (replaced whole on success)")
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
     parser.add_argument("--tasks", default=",".join(names()),
                         help=f"comma-separated models to profile (default: {','.join(names())})")
     args = parser.parse_args(argv)
@@ -30,8 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    params = load_params(args.params)  # bad params fail here, before torch is imported
-    probe_tracking(params)  # an unreachable server too (or its local fallback)
+    params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
     from trainlab.jobs.profile import profile_models
 
     profile_models(params, args.data_dir, args.models_dir, args.out_dir, tasks=args.tasks)

@@ -5,23 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainlab.core.cli import command_parser, run_cli
-from trainlab.core.config import DEFAULT_PARAMS, load_params
-from trainlab.tracking.uri import probe_tracking
+from trainlab.core.cli import run_cli
+from trainlab.jobs.stage_cli import stage_params, stage_parser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = command_parser(prog="python -m stages.text_baseline", description=__doc__)
+    parser = stage_parser("python -m stages.text_baseline", __doc__)
     parser.add_argument("data_dir", type=Path, help="prepared text data (train.jsonl, test.jsonl, meta.json)")
     parser.add_argument("out_dir", type=Path, help="where baseline.json is written (replaced whole on success)")
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    params = load_params(args.params)
-    probe_tracking(params)  # an unreachable server fails now (or its local fallback is taken)
+    params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
     from trainlab.tasks.text_baseline import write_baseline
     from trainlab.tracking.runs import start_run
 

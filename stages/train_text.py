@@ -8,8 +8,9 @@ from trainlab.jobs.train_command import train_stage_main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="the text_baseline stage's baseline.json (default: fit the TF-IDF baseline here)")
+    parser.add_argument("--baseline", type=Path, required=True,
+                        help="the text_baseline stage's baseline.json: the TF-IDF + logistic regression figures on "
+                             "the same split, which the text model's metrics carry (dvc.yaml passes it)")
 
 
 def main(argv: list[str]) -> None:

@@ -106,9 +106,9 @@ def test_the_bare_reference_step_trains_and_refuses_a_graph_without_cuda():
     import torch
 
     from benchmarks.bare import bare_step
-    from tests.engine.test_loop import CFG, make_task, runtime, tiny_data
+    from tests.engine.test_loop import CFG, make_trainable, runtime, tiny_data
 
-    task, data = make_task(dropout=0.0), tiny_data(64)
+    task, data = make_trainable(dropout=0.0), tiny_data(64)
     rt = runtime(precision="fp32")
     with pytest.raises(ValueError, match="CUDA"):
         bare_step(task, task.model, CFG, rt, data, graph=True)

@@ -79,6 +79,13 @@ BY_TEST: dict[str, tuple[str, ...]] = {
         "tests/pipelines/test_sweep.py::test_sweep_points_run_on_a_work_pool_by_its_worker",),
     "python -m pipelines.sweep --grid classifier.lr=0.001,0.003 --deployment trainlab-sweep-point/sweep-point": (
         "tests/pipelines/test_sweep.py::test_sweep_points_run_on_a_work_pool_by_its_worker",),
+    # the search tests call pipelines.search.search, the function the command line calls; the resume test runs the
+    # command itself, kills it and runs it again
+    "python -m pipelines.search pipelines/spaces/classifier.yaml --trials 16 --parallel 2": (
+        "tests/pipelines/test_search.py::test_a_study_runs_trials_two_at_a_time_as_experiments_nested_runs_and_plots",
+        "tests/pipelines/test_search.py::test_a_killed_search_resumes_its_study_and_runs_the_killed_trial_again"),
+    "dvc exp apply classifier-007": (
+        "tests/pipelines/test_search.py::test_a_study_runs_trials_two_at_a_time_as_experiments_nested_runs_and_plots",),
     "python -m pipelines.compare classifier": (
         "tests/pipelines/test_compare.py::test_cli_prints_the_table_and_says_why_it_does_not_promote",),
     "python -m pipelines.compare segmenter --markdown": (
@@ -115,6 +122,9 @@ RUN_HERE: dict[str, list[str]] = {
 
 # `scripts/test ARGS` selections the docs show -> what every selected test must be (by its markers and path).
 NOT_FULL = "full_pipeline"
+# docs/scaleout.md's selection: every test its table names (test_the_scaleout_selection_runs_every_test_of_its_table)
+SCALEOUT_TESTS = ("tests/scaleout tests/engine/test_distributed.py tests/pipelines/test_schedule.py "
+                  "tests/pipelines/test_sweep.py")
 SELECTIONS = {
     "": lambda node, marks: NOT_FULL not in marks,
     '-m "not slow"': lambda node, marks: "slow" not in marks and NOT_FULL not in marks,
@@ -125,7 +135,7 @@ SELECTIONS = {
     "-m full_pipeline": lambda node, marks: NOT_FULL in marks,
     "tests/pipelines": lambda node, marks: node.startswith("tests/pipelines/") and NOT_FULL not in marks,
     'tests/pipelines -m "not slow"': lambda node, marks: node.startswith("tests/pipelines/") and "slow" not in marks,
-    "tests/scaleout": lambda node, marks: node.startswith("tests/scaleout/") and NOT_FULL not in marks,
+    SCALEOUT_TESTS: lambda node, marks: node.startswith(tuple(SCALEOUT_TESTS.split())) and NOT_FULL not in marks,
 }
 EVERYTHING = "-m 'full_pipeline or not full_pipeline'"  # a -m naming full_pipeline keeps it: every test
 
@@ -350,15 +360,84 @@ def test_cheap_commands_run(command, tmp_path):
     assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
 
 
-def test_the_headline_experiment_table_is_narrow_and_shows_every_models_test_figure():
-    proc = subprocess.run([str(BIN / "dvc"), "exp", "show", "--csv", "--drop", ".*", "--keep", HEADLINE_KEEP],
-                          cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=120)
+def exp_show_columns(*args: str) -> list[str]:
+    proc = subprocess.run([str(BIN / "dvc"), "exp", "show", "--csv", *args], cwd=REPO, env=run_env(),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    columns = proc.stdout.splitlines()[0].split(",")
+    return proc.stdout.splitlines()[0].split(",")
+
+
+def test_the_headline_experiment_table_is_narrow_and_shows_every_models_test_figure():
+    columns = exp_show_columns("--drop", ".*", "--keep", HEADLINE_KEEP)
     assert len(columns) <= 30, columns
     for metric in ("reports/classifier/metrics.json:test_accuracy", "test_mean_iou",
                    "reports/text/metrics.json:test_accuracy", "classifier.lr"):
         assert metric in columns, (metric, columns)
+
+
+# The counts docs/reproducibility.md gives, each found by the words around it (the number is group 1). "about N"
+# (counts that grow with every param and module) must be within 10%, the others exact.
+REPRO_COUNTS = {
+    "params": r"every leaf of params\.yaml \((about \d+) of them",
+    "deps": r"the hash of every file a stage depends on \((about \d+):",
+    "headline columns": r"the params most often changed \((\d+) columns\)",
+    "columns": r"every param, metric and dependency hash \((about \d+) columns\)",
+}
+
+
+def param_leaves(node) -> int:
+    return sum(param_leaves(value) for value in node.values()) if isinstance(node, dict) and node else 1
+
+
+def test_the_counts_docs_reproducibility_gives_are_todays():
+    text = " ".join((REPO / "docs" / "reproducibility.md").read_text().split())
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    actual = {"params": param_leaves(yaml.safe_load((REPO / "params.yaml").read_text())),
+              "deps": len({dep for stage in stages.values() for dep in stage.get("deps", [])}),
+              "headline columns": len(exp_show_columns("--drop", ".*", "--keep", HEADLINE_KEEP)),
+              "columns": len(exp_show_columns())}
+    wrong = []
+    for name, pattern in REPRO_COUNTS.items():
+        found = re.search(pattern, text)
+        assert found, f"docs/reproducibility.md no longer gives the {name} count ({pattern})"
+        stated = int(found[1].removeprefix("about "))
+        if abs(stated - actual[name]) > (0.1 * actual[name] if found[1].startswith("about") else 0):
+            wrong.append(f"{name}: says {found[1]}, is {actual[name]}")
+    assert not wrong, f"docs/reproducibility.md: {wrong}"
+
+
+def test_the_readme_quotes_the_committed_reports():
+    """The README's row for the committed reports quotes their test metrics and the profile's classifier speed."""
+    readme = (REPO / "README.md").read_text()
+    rows = [line for line in readme.splitlines()
+            if line.startswith("|") and "committed `dvc.lock` and `reports/`" in line]
+    assert len(rows) == 1, "README.md: one Figures row names the committed dvc.lock and reports/"
+    metric = {task: json.loads((REPO / "reports" / task / "metrics.json").read_text())
+              for task in ("classifier", "segmenter", "text")}
+    classifier = json.loads((REPO / "reports" / "profile" / "measurements.json").read_text())["classifier"]
+    fastest = max(setting["train_samples_per_s"] for setting in classifier.values())
+    quoted = [f"classifier {metric['classifier']['test_accuracy']:.4f}",
+              f"segmenter mean IoU {metric['segmenter']['test_mean_iou']:.4f}",
+              f"text {metric['text']['test_accuracy']:.4f}",
+              f"TF-IDF baseline {metric['text']['baseline_test_accuracy']:.4f}",
+              f"classifier {fastest:,.0f} samples/s",
+              f"{fastest / classifier['fp32']['train_samples_per_s']:.2f}x fp32"]
+    missing = [text for text in quoted if text not in rows[0]]
+    assert not missing, f"README.md's Figures row does not quote the committed reports: {missing}"
+
+
+def test_the_scaleout_selection_runs_every_test_of_its_table():
+    text = (REPO / "docs" / "scaleout.md").read_text()
+    table = set(re.findall(r"`(tests/[\w/]+\.py)`", text.split("\n## ", 1)[0]))  # the table above the first section
+    assert f"scripts/test {SCALEOUT_TESTS}" in text
+    assert table and all(test.startswith(tuple(SCALEOUT_TESTS.split())) for test in table), table
+
+
+def test_the_license_pyproject_names_is_in_the_repo_and_dvc_plots_is_git_ignored():
+    assert 'license = "MIT"' in (REPO / "pyproject.toml").read_text()
+    assert (REPO / "LICENSE").read_text().startswith("MIT License")
+    proc = subprocess.run(["git", "check-ignore", "-q", "dvc_plots/index.html"], cwd=REPO)
+    assert proc.returncode == 0, "dvc_plots/ (what dvc plots show writes) is not git-ignored"
 
 
 def test_the_cron_the_docs_deploy_with_comes_from_params():

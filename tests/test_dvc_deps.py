@@ -1,65 +1,48 @@
-"""dvc.yaml's code deps are exactly the code each stage runs: its command's module and every trainlab module that
-module imports, at module level or inside functions (found by reading the source, not by running it), plus the
-code of the tasks the stage runs (trainlab.tasks loads it by name)."""
+"""dvc.yaml's code deps are exactly the code that can change a stage's outputs: its command's module and every module
+of this repo that it imports, at module level or inside functions (read from the source, not by running it), plus the
+code of the tasks the stage runs (trainlab.tasks loads it by name), less the code that cannot change an output's
+bytes (NOT_DEPS): so an edit to MLflow plumbing or a progress bar reruns no stage, and one to a model, a loss, the data
+or the code writing the outputs reruns the stages it feeds (shown with real DVC at the end)."""
 
 from __future__ import annotations
 
-import ast
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.import_graph import REPO, imports_in, module_file
 from trainlab import tasks
 
-REPO = Path(__file__).resolve().parent.parent
 CODE_ROOTS = ("trainlab", "stages")  # the packages whose files are DVC deps; pipelines/ runs DVC, it is not run by it
 
+# Code no stage's outputs depend on: not a dep, and what it alone imports is not one either. Each entry says why.
+NOT_DEPS = {
+    # The MLflow adapter only talks to MLflow. It reaches training only through engine/contract.py's Tracker.failed
+    # (the engine's stop event, set when the store refuses the run: a dep, as part of the engine), and the outputs
+    # an outage spool keeps are copied and put back by trainlab/jobs/outputs.py (a dep).
+    "trainlab/tracking/": "MLflow talk only",
+    # What a training stage logs to MLflow as its raw-input model (the pyfunc flavour); no stage writes an out with it
+    # (the predict command and the served model use it).
+    "trainlab/serving/": "the MLflow model's code",
+    "trainlab/engine/progress.py": "training progress on the terminal",
+}
 
-def module_file(module: str) -> Path | None:
-    """The source file of a module of this repo (a package's __init__.py), or None for anything else."""
-    if module.split(".")[0] not in CODE_ROOTS:
-        return None
-    base = REPO.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
-
-def _type_checking_only(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def excluded(path: Path) -> bool:
+    rel = path.as_posix()
+    return any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in NOT_DEPS)
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every module that `path` imports anywhere (module level and function bodies), except under TYPE_CHECKING;
-    `from pkg import name` counts pkg.name when that is a module."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names
-                         if module_file(f"{node.module}.{alias.name}") is not None)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(), str(path)))
-    return found
+    """Every module that `path` imports and runs (module level and function bodies, not TYPE_CHECKING)."""
+    return {i.module for i in imports_in(path) if not i.typing_only}
 
 
 def closure(modules: set[str]) -> set[Path]:
     """The files of `modules` and of everything they import, transitively, with the packages that contain them
-    (importing a.b.c runs a/__init__.py and a/b/__init__.py)."""
+    (importing a.b.c runs a/__init__.py and a/b/__init__.py), except NOT_DEPS and what only they import."""
     todo, seen, files = list(modules), set(), set()
     while todo:
         module = todo.pop()
@@ -68,8 +51,8 @@ def closure(modules: set[str]) -> set[Path]:
         seen.add(module)
         parts = module.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        path = module_file(module)
-        if path is None:
+        path = module_file(module, CODE_ROOTS)
+        if path is None or excluded(path.relative_to(REPO)):
             continue
         files.add(path.relative_to(REPO))
         todo.extend(imports_of(path))
@@ -116,8 +99,18 @@ def test_the_analysis_sees_function_level_imports_and_skips_type_checking_ones(t
     source = tmp_path / "m.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import trainlab.jobs.train\n"
                       "def f():\n    from trainlab.core import errors\n    import trainlab.tasks.text\n")
-    assert imports_of(source) >= {"trainlab.core", "trainlab.core.errors", "trainlab.tasks.text"}
+    assert imports_of(source) >= {"trainlab.core.errors", "trainlab.tasks.text"}
     assert "trainlab.jobs.train" not in imports_of(source)
+
+
+def test_not_deps_name_existing_code_and_leave_the_output_writers_in():
+    for entry in NOT_DEPS:
+        assert (REPO / entry).exists(), f"NOT_DEPS names {entry}, which does not exist"
+    runs = closure(stage_modules("train_classifier", STAGES["train_classifier"]["cmd"]))
+    assert {Path("trainlab/jobs/outputs.py"), Path("trainlab/engine/contract.py"), Path("trainlab/jobs/train.py"),
+            Path("trainlab/models/classifier.py"), Path("trainlab/engine/step.py")} <= runs
+    assert not any(excluded(f) for f in runs)
+    assert excluded(Path("trainlab/tracking/queue.py")) and not excluded(Path("trainlab/engine/progress_bar.py"))
 
 
 def test_a_change_to_one_task_does_not_rerun_another_tasks_training():
@@ -127,3 +120,73 @@ def test_a_change_to_one_task_does_not_rerun_another_tasks_training():
                   if other is not spec}
         others |= {Path("trainlab/models", f"{other.name}.py") for other in tasks.REGISTRY.values() if other is not spec}
         assert not runs & others, f"{spec.stage} runs another task's code: {sorted(map(str, runs & others))}"
+
+
+# --- the rule, seen by DVC itself -----------------------------------------------------------------------------------
+
+MLFLOW_ONLY = ("trainlab/tracking/tracker.py", "trainlab/tracking/queue.py", "trainlab/tracking/runs.py",
+               "trainlab/serving/flavor.py", "trainlab/engine/progress.py")
+TRAINING = {"train_classifier", "train_segmenter", "train_text"}
+
+
+def placeholder(root: Path, out: str) -> None:
+    """A stand-in for an out: a folder with one file (no suffix), else a file."""
+    path = root / out
+    if path.suffix:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("placeholder\n")
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "placeholder.txt").write_text("placeholder\n")
+
+
+@pytest.fixture(scope="module")
+def recorded_repo(tmp_path_factory) -> Path:
+    """A copy of this working tree in a fresh git repo, every stage recorded up to date with `dvc commit` over
+    placeholder outputs: DVC hashes the deps as they are now, and no stage runs."""
+    from tests.reliability.factories import dvc, git, make_dvc_repo, tiny_params
+
+    root = make_dvc_repo(tmp_path_factory.mktemp("deps") / "repo", tiny_params())
+    for stage in STAGES.values():
+        for entry in stage.get("outs", []) + stage.get("metrics", []) + stage.get("plots", []) + stage["deps"]:
+            out = entry if isinstance(entry, str) else next(iter(entry))
+            if not (root / out).exists():  # an out, or a dep that is an upstream out (data/prepared/text)
+                placeholder(root, out)
+    proc = dvc(["commit", "--force", "--quiet"], root, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    git(["add", "-A"], root)
+    return root
+
+
+def stages_to_rerun(root: Path) -> set[str]:
+    """The stages `dvc status` says changed (their own deps, params or outs)."""
+    import json
+
+    from tests.reliability.factories import dvc
+
+    proc = dvc(["status", "--json"], root, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return set(json.loads(proc.stdout or "{}"))
+
+
+@pytest.mark.parametrize("edited,must_rerun", [
+    *((path, set()) for path in MLFLOW_ONLY),
+    ("trainlab/models/classifier.py", {"train_classifier"}),  # a model
+    ("trainlab/tasks/segmenter.py", {"train_segmenter"}),  # a loss
+    ("trainlab/engine/step.py", TRAINING),  # the training step
+    ("trainlab/data/splits.py", {"prepare"}),  # the data
+    ("trainlab/jobs/outputs.py", TRAINING),  # what writes outputs back from an outage spool
+])
+def test_an_edit_reruns_the_stages_whose_outputs_it_can_change_and_no_other(recorded_repo, edited, must_rerun):
+    assert stages_to_rerun(recorded_repo) == set(), "the recorded copy should start up to date"
+    path = recorded_repo / edited
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original + b"\n# an edit\n")
+        rerun = stages_to_rerun(recorded_repo)
+    finally:
+        path.write_bytes(original)
+    if must_rerun:
+        assert must_rerun <= rerun, f"an edit of {edited} reruns {sorted(rerun)}, not all of {sorted(must_rerun)}"
+    else:
+        assert rerun == set(), f"an edit of {edited} (no output's bytes depend on it) reruns {sorted(rerun)}"

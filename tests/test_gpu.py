@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.test_loop import CFG, assert_bitwise_equal, make_task, tiny_data, weights
+from tests.engine.test_loop import CFG, assert_bitwise_equal, make_trainable, stop_after_updates, tiny_data, weights
 from trainlab.core.config import BaseParams, SegmenterParams, TextParams
-from trainlab.engine.loop import evaluate, fit, scalars
+from trainlab.engine.loop import FitHooks, FitOptions, evaluate, fit, scalars
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
-from trainlab.tasks.segmenter import segmentation_task
+from trainlab.tasks.segmenter import segmentation_trainable
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")]
@@ -40,7 +40,7 @@ def test_auto_precision_is_bf16_on_a_bf16_gpu_and_the_model_lives_there():
     rt = cuda_runtime()
     assert rt.device.type == "cuda"
     assert rt.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
-    result = fit(make_task(), tiny_data(256), tiny_data(64, 1), CFG, rt, seed=0)
+    result = fit(make_trainable(), tiny_data(256), tiny_data(64, 1), CFG, rt, seed=0)
     assert next(result.model.parameters()).device.type == "cuda"
     losses = [r["train_loss"] for r in result.history]
     assert losses[-1] < losses[0] * 0.7
@@ -52,7 +52,7 @@ def test_same_seed_gives_bitwise_equal_weights_on_cuda(precision):
     runs = []
     for _ in range(2):
         seed_everything(11)
-        runs.append(weights(fit(make_task(), tiny_data(128), tiny_data(32, 1), CFG, rt, seed=11).model))
+        runs.append(weights(fit(make_trainable(), tiny_data(128), tiny_data(32, 1), CFG, rt, seed=11).model))
     assert_bitwise_equal(*runs)
 
 
@@ -63,11 +63,14 @@ def test_stop_and_resume_on_cuda_is_bitwise_equal(tmp_path):
     cfg = CFG.model_copy(update={"ema_decay": 0.9})
     train, val = tiny_data(160), tiny_data(32, 1)
     seed_everything(3)
-    reference = fit(make_task(), train, val, cfg, rt, seed=3)
+    reference = fit(make_trainable(), train, val, cfg, rt, seed=3)
     ckpt = tmp_path / "last.pt"
     with pytest.raises(TrainingInterrupted):
-        fit(make_task(), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a", stop_at_step=7)
-    resumed = fit(make_task(seed=5), train, val, cfg, rt, seed=3, checkpoint_path=ckpt, fingerprint="a")
+        fit(make_trainable(), train, val, cfg, rt, seed=3,
+            options=FitOptions(checkpoint_path=ckpt, fingerprint="a"),
+            hooks=FitHooks(stop_after=stop_after_updates(7)))
+    resumed = fit(make_trainable(seed=5), train, val, cfg, rt, seed=3,
+                  options=FitOptions(checkpoint_path=ckpt, fingerprint="a"))
     assert resumed.resumed_from_step == 7
     assert_bitwise_equal(weights(reference.model), weights(resumed.model))
 
@@ -80,7 +83,7 @@ def test_segmentation_loss_and_metrics_run_under_deterministic_algorithms_on_cud
     runs = []
     for _ in range(2):
         seed_everything(2)
-        task = segmentation_task(build_segmenter(cfg, num_classes=3, in_channels=1), 3)
+        task = segmentation_trainable(build_segmenter(cfg, num_classes=3, in_channels=1), 3)
         result = fit(task, canvases(64), canvases(16, 1), cfg, rt, seed=2)
         runs.append(weights(result.model))
     assert_bitwise_equal(*runs)
@@ -111,17 +114,18 @@ def test_compiled_classifier_step_on_cuda_matches_eager():
     rt = cuda_runtime(precision="fp32", compile=True)
     cfg = CFG.model_copy(update={"epochs": 1})
     seed_everything(4)
-    compiled = fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, rt, seed=4)
+    compiled = fit(make_trainable(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, rt, seed=4)
     seed_everything(4)
-    eager = fit(make_task(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg, cuda_runtime(precision="fp32"), seed=4)
+    eager = fit(make_trainable(dropout=0.0), tiny_data(64), tiny_data(16, 1), cfg,
+                cuda_runtime(precision="fp32"), seed=4)
     first = [r["train_loss"] for r in compiled.history]
     assert first == pytest.approx([r["train_loss"] for r in eager.history], rel=1e-3)
 
 
-def graphed_fit(cfg, seed, **kw):
+def graphed_fit(cfg, seed, hooks=FitHooks(), **options):
     seed_everything(seed)
-    return fit(make_task(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=seed,
-               cuda_graphs=True, **kw)
+    return fit(make_trainable(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=seed,
+               options=FitOptions(cuda_graphs=True, **options), hooks=hooks)
 
 
 def test_graphed_training_learns_and_is_bitwise_reproducible():
@@ -141,10 +145,11 @@ def test_graphed_stop_and_resume_is_bitwise_equal(tmp_path, stop_at):
     reference = graphed_fit(cfg, 5)
     ckpt = tmp_path / "last.pt"
     with pytest.raises(TrainingInterrupted):
-        graphed_fit(cfg, 5, checkpoint_path=ckpt, fingerprint="a", stop_at_step=stop_at)
+        graphed_fit(cfg, 5, FitHooks(stop_after=stop_after_updates(stop_at)), checkpoint_path=ckpt, fingerprint="a")
     seed_everything(99)
-    resumed = fit(make_task(seed=7), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=5,
-                  cuda_graphs=True, checkpoint_path=ckpt, fingerprint="a")
+    resumed = fit(make_trainable(seed=7), tiny_data(160), tiny_data(32, 1), cfg,
+                  cuda_runtime(deterministic=True), seed=5,
+                  options=FitOptions(cuda_graphs=True, checkpoint_path=ckpt, fingerprint="a"))
     assert resumed.resumed_from_step == stop_at and resumed.cuda_graphs
     assert_bitwise_equal(weights(reference.model), weights(resumed.model))
 
@@ -153,8 +158,8 @@ def test_graphed_and_eager_training_agree_closely():
     cfg = CFG.model_copy(update={"epochs": 2})
     graphed = graphed_fit(cfg, 8)
     seed_everything(8)
-    eager = fit(make_task(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=8,
-                cuda_graphs=False)
+    eager = fit(make_trainable(), tiny_data(160), tiny_data(32, 1), cfg, cuda_runtime(deterministic=True), seed=8,
+                options=FitOptions(cuda_graphs=False))
     assert not eager.cuda_graphs
     assert [r["train_loss"] for r in graphed.history] == pytest.approx(
         [r["train_loss"] for r in eager.history], rel=0.05)
@@ -171,18 +176,20 @@ def test_a_cpu_checkpoint_resumes_on_cuda_with_its_state_there(tmp_path, graphs)
     train, val = tiny_data(160), tiny_data(32, 1)
     ckpt = tmp_path / "last.pt"
     with pytest.raises(TrainingInterrupted):
-        fit(make_task(), train, val, cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")), seed=3,
-            checkpoint_path=ckpt, fingerprint="a", stop_at_step=4)
-    resumed = fit(make_task(), train, val, cfg, cuda_runtime(), seed=3, checkpoint_path=ckpt, fingerprint="a",
-                  cuda_graphs=graphs)
+        fit(make_trainable(), train, val, cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")), seed=3,
+            options=FitOptions(checkpoint_path=ckpt, fingerprint="a"),
+            hooks=FitHooks(stop_after=stop_after_updates(4)))
+    resumed = fit(make_trainable(), train, val, cfg, cuda_runtime(), seed=3,
+                  options=FitOptions(checkpoint_path=ckpt, fingerprint="a", cuda_graphs=graphs))
     assert resumed.resumed_from_step == 4 and resumed.cuda_graphs == graphs
     assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in resumed.history)
     state = torch.load(ckpt, weights_only=True)["step"] if ckpt.exists() else None
-    task = make_task()
+    task = make_trainable()
     step = TrainStep(task, task.model.cuda(), cfg, cuda_runtime(), total_updates=30, seed=3, graphs=graphs)
     if state is None:  # fit removes its checkpoint when it finishes: take one from a fresh CPU run
-        cpu_task = make_task()
-        cpu = TrainStep(cpu_task, cpu_task.model, cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")),
+        cpu_trainable = make_trainable()
+        cpu = TrainStep(cpu_trainable, cpu_trainable.model,
+                        cfg, resolve_runtime(BaseParams(device="cpu", precision="fp32")),
                         total_updates=30, seed=3)
         for _ in range(3):
             cpu(tiny_data(16))
@@ -206,7 +213,7 @@ def test_capturable_optimizers_take_the_same_steps_as_the_eager_ones_on_cuda(opt
 def _task_and_batch(name: str):
     """Each of the three real tasks with a batch on the GPU (the default recipes: augmentation, clipping)."""
     from trainlab.core.config import Params
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
 
     if name == "classifier":
         meta, n = {"num_classes": 10, "channels": 1}, 32
@@ -220,17 +227,18 @@ def _task_and_batch(name: str):
         batch = {"tokens": torch.randint(1, 200, (n, 24)), "labels": torch.randint(0, 3, (n,))}
         batch["tokens"][::2, 12:] = 0
     seed_everything(0)
-    if name == "text_tfidf_bag":  # params.yaml's text default, with its statistics fitted as training fits them
-        params = Params(text=TextParams(arch="tfidf_bag", optimizer="sgd", lr=3.0, weight_decay=2e-5))
-        task = build_task("text", params, meta)
+    if name.startswith("text_tfidf_bag"):  # params.yaml's text default (auto: a head per candidate weight decay)
+        decay = "auto" if name.endswith("auto") else 2e-5  # with its statistics fitted as training fits them
+        params = Params(text=TextParams(arch="tfidf_bag", optimizer="sgd", lr=3.0, weight_decay=decay))
+        task = build_trainable("text", params, meta)
         task.model.fit_vocabulary(["[PAD]", "[UNK]", "[CLS]", *(f"word{i}" for i in range(197))])
         task.model.fit_idf(batch["tokens"])
         return task, params.text, {k: v.cuda() for k, v in batch.items()}
     params = Params()
-    return build_task(name, params, meta), getattr(params, name), {k: v.cuda() for k, v in batch.items()}
+    return build_trainable(name, params, meta), getattr(params, name), {k: v.cuda() for k, v in batch.items()}
 
 
-@pytest.mark.parametrize("name", ["classifier", "segmenter", "text", "text_tfidf_bag"])
+@pytest.mark.parametrize("name", ["classifier", "segmenter", "text", "text_tfidf_bag", "text_tfidf_bag_auto"])
 @pytest.mark.parametrize("graphs", [True, False])
 def test_the_training_step_never_synchronises_with_the_host(name, graphs):
     from trainlab.engine.step import TrainStep

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.core.config import Params, load_params
+from trainlab.core.config import Params, TextParams, load_params
 from trainlab.core.errors import ParamsError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +61,20 @@ def test_invalid_cron_and_timezone(tmp_path):
 def test_heads_must_divide_width(tmp_path):
     with pytest.raises(ParamsError, match=r"text.n_heads.*must divide text.d_model \(30\)"):
         load_params(write(tmp_path, "text:\n  d_model: 30\n  n_heads: 4\n"))
+
+
+def test_text_weight_decay_is_a_number_or_auto_which_each_arch_reads_as_its_own(tmp_path):
+    assert load_params(write(tmp_path, "text:\n  weight_decay: 0.001\n")).text.optimizer_weight_decay == 0.001
+    for arch, optimizer_decay in (("tfidf_bag", 0.0), ("transformer", 0.01), ("nb_bag", 0.0)):
+        text = load_params(write(tmp_path, f"text:\n  arch: {arch}\n  weight_decay: auto\n")).text
+        assert text.weight_decay == "auto" and text.optimizer_weight_decay == optimizer_decay
+    with pytest.raises(ParamsError, match=r"text.weight_decay.*params.yaml:3.*'auto'"):
+        load_params(write(tmp_path, "text:\n  arch: tfidf_bag\n  weight_decay: automatic\n"))
+    with pytest.raises(ParamsError, match=r"text.weight_decay \(.*params.yaml:2\).*from 0 to 1, or auto; got -0.1"):
+        load_params(write(tmp_path, "text:\n  weight_decay: -0.1\n"))
+    from pipelines.search_space import _numeric_kind  # a search space may range over it as over any float
+
+    assert _numeric_kind(TextParams.model_fields["weight_decay"].annotation) == "float"
 
 
 def test_missing_and_malformed_files(tmp_path):

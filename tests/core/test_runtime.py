@@ -142,13 +142,13 @@ def test_auto_precision_on_cuda_keeps_fp32_for_a_launch_bound_step_and_takes_bf1
 
     from trainlab.core.config import Params
     from trainlab.core.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
-    from trainlab.jobs.train import build_task, settle_auto_precision
+    from trainlab.jobs.train import build_trainable, settle_auto_precision
 
     assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP / 4) == "fp32"
     assert cuda_auto_precision(CUDA_BF16_MIN_TRAIN_GFLOP * 2) in ("bf16", "fp16")
     cpu = resolve_runtime(BaseParams(device="cpu"))
     cuda = dataclasses.replace(cpu, device=torch.device("cuda"), precision="bf16")
-    task = build_task("classifier", Params(), {"num_classes": 10, "channels": 1})
+    task = build_trainable("classifier", Params(), {"num_classes": 10, "channels": 1})
     train = {"images": torch.zeros(1024, 1, 28, 28, dtype=torch.uint8), "labels": torch.zeros(1024, dtype=torch.long)}
     assert settle_auto_precision(cuda, "auto", task, train, 128).precision == "fp32"  # 28 GFLOP per step
     assert settle_auto_precision(cuda, "auto", task, train, 1024).precision != "fp32"  # 228 GFLOP per step

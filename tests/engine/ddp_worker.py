@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from trainlab.core import distributed
 from trainlab.core.config import BaseParams, DistributedParams, TrainParams
 from trainlab.engine.loop import fit
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
 
@@ -25,7 +25,7 @@ def main(out: str) -> None:
     data = {"images": x, "labels": y}
     seed_everything(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 2))
-    task = Task("ddp", model, lambda o, t: F.cross_entropy(o, t),
+    task = Trainable("ddp", model, lambda o, t: F.cross_entropy(o, t),
                 lambda: MetricCollection({"accuracy": MulticlassAccuracy(2, average="micro")}),
                 lambda b, train, gen: (b["images"].float() / 255, b["labels"]), "accuracy")
     cfg = TrainParams(epochs=2, batch_size=32, lr=1e-2, warmup_epochs=0.5, weight_decay=0.01, augment=False)

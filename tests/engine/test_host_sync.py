@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainlab.core.config import BaseParams, ClassifierParams, Params, SegmenterParams, TextParams
 from trainlab.core.runtime import resolve_runtime
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.engine.step import TrainStep, to_device_layout
 
 aten = torch.ops.aten
@@ -108,7 +108,7 @@ class no_host_sync:
         return False
 
 
-def assert_step_never_syncs(task: Task, cfg, batch: dict[str, torch.Tensor]) -> None:
+def assert_step_never_syncs(task: Trainable, cfg, batch: dict[str, torch.Tensor]) -> None:
     """The training micro-step (prepare with augmentation, forward, loss, backward, bookkeeping) and the eval
     prepare, forward and loss of `task` on `batch`, twice each (lazy state on the first call), under no_host_sync."""
     runtime = resolve_runtime(BaseParams(device="cpu", precision="fp32"))
@@ -167,15 +167,18 @@ REGISTERED = [
                                                                 "max_length": 16}, lambda: tokens(4)),
     ("text-tfidf_bag", "text", {"arch": "tfidf_bag", "optimizer": "sgd", "buckets": 256, "char_buckets": 256},
      {"num_classes": 3, "vocab_size": 60, "max_length": 16}, lambda: tokens(4)),
+    ("text-tfidf_bag-auto", "text", {"arch": "tfidf_bag", "optimizer": "sgd", "buckets": 256, "char_buckets": 256,
+                                     "weight_decay": "auto"}, {"num_classes": 3, "vocab_size": 60, "max_length": 16},
+     lambda: tokens(4)),
 ]
 PARAMS = {"classifier": ClassifierParams, "segmenter": SegmenterParams, "text": TextParams}
 
 
 def build(section: str, overrides: dict, meta: dict, batch: dict):
-    from trainlab.jobs.train import build_task
+    from trainlab.jobs.train import build_trainable
 
     params = Params(**{section: PARAMS[section](**overrides)})
-    task = build_task(section, params, meta)
+    task = build_trainable(section, params, meta)
     model = task.model
     if hasattr(model, "fit_vocabulary"):  # the TF-IDF bag's statistics, fitted as training fits them
         model.fit_vocabulary(["[PAD]", "[UNK]", "[CLS]", *(f"word{i}" for i in range(57))])
@@ -201,19 +204,19 @@ def test_every_registered_task_is_covered():
 
 
 def test_the_tests_tiny_tasks_never_synchronise_with_the_host():
-    from tests.engine.test_loop import CFG, make_task, tiny_data
+    from tests.engine.test_loop import CFG, make_trainable, tiny_data
     from tests.tasks.test_registry import CODE as TOY
 
-    assert_step_never_syncs(make_task(), CFG, tiny_data(8))
-    toy = TOY.make_task(torch.nn.Linear(2, 3), {"num_classes": 3})
+    assert_step_never_syncs(make_trainable(), CFG, tiny_data(8))
+    toy = TOY.make_trainable(torch.nn.Linear(2, 3), {"num_classes": 3})
     assert_step_never_syncs(toy, CFG.model_copy(update={"augment": False}),
                             {"points": torch.randint(0, 10, (4, 2)), "labels": torch.randint(0, 3, (4,))})
 
 
-def _tiny(prepare_extra) -> Task:
-    from tests.engine.test_loop import make_task
+def _tiny(prepare_extra) -> Trainable:
+    from tests.engine.test_loop import make_trainable
 
-    task = make_task()
+    task = make_trainable()
     base = task.prepare_batch
 
     def prepare(batch, train, gen):
@@ -243,9 +246,9 @@ def test_a_host_sync_put_in_a_step_is_caught(what, extra):
 
 
 def test_a_host_sync_in_forward_or_loss_is_caught():
-    from tests.engine.test_loop import CFG, make_task, tiny_data
+    from tests.engine.test_loop import CFG, make_trainable, tiny_data
 
-    task = make_task()
+    task = make_trainable()
     task.loss_fn = lambda out, y: F.cross_entropy(out.float(), y) * (1 if int(y.max()) < 4 else 0)
     with pytest.raises(HostSync, match="__int__|_local_scalar_dense"):
         assert_step_never_syncs(task, CFG, tiny_data(8))
@@ -255,7 +258,7 @@ def test_a_host_sync_in_forward_or_loss_is_caught():
             print(f"mean {x.mean():.3f}")
             return x
 
-    task = make_task()
+    task = make_trainable()
     task.model = torch.nn.Sequential(Printing(), task.model)
     with pytest.raises(HostSync):
         assert_step_never_syncs(task, CFG, tiny_data(8))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.engine.test_loop import CFG, make_task, tiny_data
+from tests.engine.test_loop import CFG, make_trainable, tiny_data
 from trainlab.core.config import BaseParams
 from trainlab.core.runtime import resolve_runtime
 from trainlab.engine.step import TrainStep, load_optimizer_state, restore_generator
@@ -13,7 +13,7 @@ from trainlab.engine.step import TrainStep, load_optimizer_state, restore_genera
 
 def cpu_step_state(steps: int = 3) -> tuple[dict, torch.nn.Module]:
     """A CPU TrainStep's state after `steps` updates (foreach AdamW: its step counts on the CPU), and its model."""
-    task = make_task()
+    task = make_trainable()
     step = TrainStep(task, task.model, CFG, resolve_runtime(BaseParams(device="cpu", precision="fp32")),
                      total_updates=10, seed=0)
     batch = tiny_data(16)
@@ -63,7 +63,7 @@ def test_a_generator_state_of_another_device_reseeds_deterministically():
 
 def test_a_step_resumed_from_its_own_checkpoint_is_unchanged_by_the_placement():
     state, _ = cpu_step_state()
-    task = make_task()
+    task = make_trainable()
     step = TrainStep(task, task.model, CFG, resolve_runtime(BaseParams(device="cpu", precision="fp32")),
                      total_updates=10, seed=0)
     step.load_state_dict(state)

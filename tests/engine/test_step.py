@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.engine.test_loop import CFG, make_task, runtime, tiny_data
+from tests.engine.test_loop import CFG, make_trainable, runtime, tiny_data
 from trainlab.engine.ema import EMA
 from trainlab.engine.optim import LRSchedule, warmup_cosine, warmup_cosine_on_device
 from trainlab.engine.step import TrainStep, graphs_plan
@@ -121,7 +121,7 @@ def test_ema_warms_its_decay_up_then_follows_the_model_by_it_and_copies_integer_
 
 
 def test_the_step_accumulates_loss_on_the_device_and_updates_once_per_accumulation():
-    task = make_task()
+    task = make_trainable()
     cfg = CFG.model_copy(update={"accumulation_steps": 2})
     step = TrainStep(task, task.model, cfg, runtime(precision="fp32"), total_updates=4, seed=0)
     data = tiny_data(32)
@@ -134,13 +134,13 @@ def test_the_step_accumulates_loss_on_the_device_and_updates_once_per_accumulati
 
 
 def test_step_state_round_trips_through_a_checkpoint_dict():
-    task = make_task()
+    task = make_trainable()
     cfg = CFG.model_copy(update={"ema_decay": 0.9})
     a = TrainStep(task, task.model, cfg, runtime(precision="fp32"), total_updates=10, seed=1)
     data = tiny_data(16)
     a(data)
     state = a.state_dict()
-    other = make_task(seed=1)
+    other = make_trainable(seed=1)
     b = TrainStep(other, other.model, cfg, runtime(precision="fp32"), total_updates=10, seed=1)
     b.load_state_dict(state)
     assert b.updates == 1 and int(b.update_count) == 1 and int(b.seen) == 16
@@ -156,7 +156,7 @@ def test_warm_up_updates_are_undone_exactly(steps_before):
     results = []
     for warm in (False, True):
         torch.manual_seed(0)
-        task = make_task()
+        task = make_trainable()
         step = TrainStep(task, task.model, cfg, runtime(precision="fp32"), total_updates=10, warmup_updates=2,
                          seed=4)
         for _ in range(steps_before):

@@ -67,3 +67,30 @@ def test_feature_map_grid(tmp_path):
     assert len(fig.axes) == 2 * (1 + 4 + 3)
     assert fig.axes[0].get_title() == "input" and fig.axes[5].get_title() == "late\nch 0"
     assert saved(fig, tmp_path / "f.png")[:8] == PNG_MAGIC
+
+
+def test_display_text_drops_control_characters_and_escapes_dollars():
+    assert pictures.display_text("don\x8d\x81t\ttoday\n") == "dont today "
+    assert pictures.display_text("$5 or $x^$") == r"\$5 or \$x^\$"
+    assert pictures.display_text("Õ¢ café") == "Õ¢ café"  # printable characters stay
+
+
+def test_a_tweet_with_char_141_draws_with_no_warning(tmp_path):
+    """The embedded tweets hold mis-decoded bytes such as \\x8d; drawn raw, matplotlib warns 'Glyph 141 missing'."""
+    import warnings
+
+    from trainlab.data.embedded import load_tweets
+
+    texts, _ = load_tweets()
+    tweet = next(t for t in texts if "\x8d" in t and "$" not in t)
+    words = tweet.split()[:12]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        saved(pictures.ngram_bars(["neg\x8d", "pos"], [[(w, 1.0 - i / 20) for i, w in enumerate(words)], []]),
+              tmp_path / "n.png")
+        saved(pictures.attention_heatmaps([words], [torch.softmax(torch.rand(len(words), len(words)), -1)],
+                                          [tweet[:40]]), tmp_path / "a.png")
+        saved(pictures.ngram_bars(["a"], [[("$\\frac$", 1.0), ("$^$", 0.5)]]), tmp_path / "d.png")  # not mathtext
+    labels = [t.get_text() for ax in (pictures.ngram_bars(["a"], [[(tweet, 1.0)]]).axes[0],)
+              for t in ax.get_yticklabels()]
+    assert labels == [pictures.display_text(tweet)] and "\x8d" not in labels[0]

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from trainlab.core.config import ClassifierParams
 from trainlab.core.errors import CheckpointError
-from trainlab.engine.loop import count_parameters
+from trainlab.models.init import count_parameters
 from trainlab.models.classifier import backbone_parameters, build_classifier
 from trainlab.tasks import build_from_config
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.core.config import SegmenterParams
-from trainlab.engine.loop import count_parameters
+from trainlab.models.init import count_parameters
 from trainlab.models.segmenter import build_segmenter
 from trainlab.tasks import build_from_config
 

@@ -139,3 +139,110 @@ def test_char_ngrams_carry_what_a_word_shares_with_a_word_seen_in_training():
 def test_char_ngram_range_is_checked():
     with pytest.raises(ValueError, match="low <= high"):
         TextParams(char_ngrams=(5, 3))
+
+
+# One head per candidate weight decay (text.weight_decay auto) ---------------------------------------------------------
+
+DECAYS = (1e-4, 1e-2, 0.3)
+
+
+def test_each_head_of_a_candidate_bag_is_the_one_head_bag_with_its_weights():
+    x = texts()
+    bag = fitted(x, weight_decay="auto")
+    heads = len(bag.weight_decays)  # build_text_model's: trainlab.models.tfidf_bag.WEIGHT_DECAY_CANDIDATES
+    assert heads > 1
+    torch.nn.init.normal_(bag.weight)
+    torch.nn.init.normal_(bag.bias)
+    with torch.no_grad():
+        logits = bag.eval()(x)
+        assert logits.shape == (len(x), heads, 3)
+        for k in range(heads):
+            one = bag.select_head(k)
+            assert isinstance(one, TfidfBag) and one.weight_decays == () and one.weight.shape == (bag.idf.numel(), 3)
+            assert one.config == bag.config and torch.equal(one.idf, bag.idf)
+            torch.testing.assert_close(one.eval()(x), logits[:, k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="not one of the"):
+        bag.select_head(heads)
+
+
+def test_l2_penalty_is_zero_with_each_heads_decay_times_its_weight_as_gradient_scaled_like_the_loss():
+    bag = TfidfBag(len(VOCAB), 2, MAX_LEN, buckets=8, char_buckets=8, weight_decays=DECAYS)
+    torch.nn.init.normal_(bag.weight)
+    penalty = bag.l2_penalty()
+    assert penalty.item() == 0
+    (3 * penalty).backward()
+    expected = 3 * bag.weight.detach() * torch.tensor(DECAYS).repeat_interleave(2)
+    torch.testing.assert_close(bag.weight.grad, expected)
+    assert bag.bias.grad is None  # biases are not decayed
+    assert TfidfBag(len(VOCAB), 2, MAX_LEN).l2_penalty().item() == 0
+    one = TfidfBag(len(VOCAB), 2, MAX_LEN, buckets=8, char_buckets=8, weight_decays=(1e-3,))  # a single candidate
+    assert one(texts()).shape == (len(texts()), 1, 2)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        TfidfBag(len(VOCAB), 2, MAX_LEN, weight_decays=(1e-3, -1.0))
+
+
+def test_heads_train_as_one_head_bags_each_with_sgds_weight_decay():
+    """Twelve engine steps of SGD (Nesterov momentum, cosine LR, no clipping): head k of the candidate bag ends
+    where a one-head bag trained alone with weight_decay DECAYS[k] ends (the text task's loss, the engine's step),
+    and the same training again ends bitwise where the first did."""
+    from trainlab.core.config import BaseParams
+    from trainlab.core.runtime import resolve_runtime
+    from trainlab.engine.step import TrainStep
+    from trainlab.tasks.text import text_trainable
+
+    runtime = resolve_runtime(BaseParams(device="cpu", precision="fp32"))
+    x = texts().repeat(4, 1)
+    y = torch.tensor([0, 1, 2, 1] * 4)
+
+    def trained(decays, weight_decay):
+        cfg = TextParams(arch="tfidf_bag", optimizer="sgd", lr=2.0, weight_decay=weight_decay, grad_clip=None,
+                         epochs=1, warmup_epochs=0)
+        torch.manual_seed(0)
+        model = TfidfBag(len(VOCAB), 3, MAX_LEN, buckets=64, char_buckets=128, weight_decays=decays)
+        model.fit_vocabulary(VOCAB)
+        model.fit_idf(x)
+        step = TrainStep(text_trainable(model, 3), model, cfg, runtime, total_updates=12)
+        for i in range(12):
+            step({"tokens": x[i % 4::4], "labels": y[i % 4::4]})
+        return model
+
+    together = trained(DECAYS, "auto")
+    for k, decay in enumerate(DECAYS):
+        alone = trained((), decay)
+        chosen = together.select_head(k)
+        torch.testing.assert_close(chosen.weight, alone.weight, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(chosen.bias, alone.bias, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(together.select_head(0).weight, together.select_head(2).weight, atol=1e-3)
+    assert torch.equal(trained(DECAYS, "auto").weight, together.weight)  # seeded: bitwise the same again
+
+
+def test_a_chosen_head_saves_and_loads_as_a_plain_tfidf_bag(tmp_path):
+    from trainlab.jobs.train import save_model
+    from trainlab.tasks.saved import load_saved_model
+
+    bag = fitted(texts(), weight_decay="auto")
+    torch.nn.init.normal_(bag.weight)
+    chosen = bag.select_head(2)
+    save_model(chosen, tmp_path / "model")
+    again = load_saved_model(tmp_path / "model", "text").model
+    assert again.weight_decays == () and again.config == chosen.config
+    with torch.no_grad():
+        assert torch.equal(again(texts()), chosen.eval()(texts()))
+
+
+def test_the_candidates_cpu_gather_and_the_graph_safe_gather_agree_in_value_and_gradient():
+    """On the CPU the heads' rows are summed by embedding_bag; elsewhere (its CUDA backward syncs with the host) by
+    index_select, as a one-head bag's: the same logits and weight gradients."""
+    x = texts()
+    bag = fitted(x, weight_decay="auto")
+    torch.nn.init.normal_(bag.weight)
+    ids = bag.rows[torch.cat([bag.word_ids(x), bag.char_ids(x)], 1)]
+    weights = torch.rand(ids.shape) * (ids > 0)
+    results = []
+    for fused in (True, False):
+        bag.weight.grad = None
+        out = bag.weighted_rows(ids, weights, bag=fused)
+        out.square().sum().backward()
+        results.append((out.detach(), bag.weight.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])

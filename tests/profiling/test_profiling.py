@@ -30,11 +30,11 @@ def cpu_runtime(**changes) -> Runtime:
     return dataclasses.replace(base, **changes)
 
 
-def tiny_classifier_task():
-    from trainlab.jobs.train import build_task
+def tiny_classifier_trainable():
+    from trainlab.jobs.train import build_trainable
 
     params = Params(classifier=ClassifierParams(width=8))
-    return build_task("classifier", params, {"num_classes": 10, "channels": 1})
+    return build_trainable("classifier", params, {"num_classes": 10, "channels": 1})
 
 
 def image_batch(n: int = 8) -> dict[str, torch.Tensor]:
@@ -66,7 +66,7 @@ def test_cpu_attention_kernel_is_counted():
 
 
 def test_flops_per_step_extrapolates_exactly():
-    task = tiny_classifier_task()
+    task = tiny_classifier_trainable()
     batch = image_batch(8)
     flops = flops_per_step(task, batch)
     model = task.model.train()
@@ -139,7 +139,7 @@ def test_time_step_fits_a_budget():
 
 
 def test_measuring_runs_the_real_step_on_a_copy():
-    task = tiny_classifier_task()
+    task = tiny_classifier_trainable()
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     batch = image_batch(8)
     built = make_steps(task, cpu_runtime(channels_last=True), batch, TrainParams(lr=0.1), seed=0)
@@ -156,7 +156,7 @@ def test_measuring_runs_the_real_step_on_a_copy():
 def test_make_steps_updates_the_weights():
     from trainlab.profiling.throughput import make_steps
 
-    task = tiny_classifier_task()
+    task = tiny_classifier_trainable()
     built = make_steps(task, resolve_runtime(BaseParams(device="cpu", precision="fp32")), image_batch(8),
                        TrainParams(lr=0.1))
     before = [p.detach().clone() for p in built.model.parameters()]

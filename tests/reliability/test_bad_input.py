@@ -98,7 +98,8 @@ def test_every_stage_rejects_bad_params_the_same_way(tmp_path, monkeypatch, caps
     write_params(tmp_path / "params.yaml", tiny_params({"base": {"seeed": 1}}))
     monkeypatch.chdir(tmp_path)
     argv = {"stages.prepare": ["data/prepared", "reports/data_stats.json"],
-            "stages.evaluate": ["data/prepared", "models", "reports/evaluate"]}.get(
+            "stages.evaluate": ["data/prepared", "models", "reports/evaluate"],
+            "stages.train_text": ["data/prepared/x", "models/x", "reports/x", "--baseline", "models/b/baseline.json"]}.get(
         module, ["data/prepared/x", "models/x", "reports/x"])
     code, err = run_in_process(main, argv, capsys)
     assert code == 2 and "base.seeed (params.yaml:" in err and "did you mean 'base.seed'?" in err
@@ -279,19 +280,22 @@ def saved_models(tmp_path, prepared):
     """models/{classifier,segmenter,text} as the training stages write them (untrained: only their fit matters)."""
     from trainlab.core.config import Params
     from trainlab.data.prepared import load_meta
-    from trainlab.jobs.train import build_task, save_model
+    from trainlab.jobs.train import build_trainable, save_model
 
     params = Params.model_validate(tiny_params())
     data = prepared / "data" / "prepared"
     models = tmp_path / "models"
     for name, folder in {"classifier": "classification", "segmenter": "segmentation", "text": "text"}.items():
         meta = load_meta(data / folder)
-        task = build_task(name, params, meta)
+        task = build_trainable(name, params, meta)
         extra_files = {"tokenizer.json": data / folder / "tokenizer.json"} if name == "text" else {}
         extra_json = {"info.json": {"task": name, "meta": meta, "run_id": ""}}
         if name == "text":
             extra_json["baseline.json"] = {"accuracy": 0.5, "macro_f1": 0.5}
-        save_model(task.model, models / name, extra_files, extra_json)
+        model = task.model
+        if hasattr(model, "select_head"):  # text.weight_decay auto: a head per candidate; the stage saves the chosen
+            model = model.select_head(0)
+        save_model(model, models / name, extra_files, extra_json)
     write_params(tmp_path / "params.yaml", tiny_params())
     return models
 

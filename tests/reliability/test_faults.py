@@ -136,9 +136,9 @@ def poison_loss(monkeypatch, at_step: int, value: float) -> None:
     """Make the classifier's training loss `value` from training forward pass `at_step` (1-based) on."""
     import trainlab.tasks.classifier as tasks
 
-    real = tasks.classification_task
+    real = tasks.classification_trainable
 
-    def classification_task(model, *args, **kwargs):
+    def classification_trainable(model, *args, **kwargs):
         task = real(model, *args, **kwargs)
         calls = {"n": 0}
         loss_fn = task.loss_fn
@@ -154,7 +154,7 @@ def poison_loss(monkeypatch, at_step: int, value: float) -> None:
         task.loss_fn = poisoned
         return task
 
-    monkeypatch.setattr(tasks, "classification_task", classification_task)
+    monkeypatch.setattr(tasks, "classification_trainable", classification_trainable)
 
 
 @pytest.mark.parametrize("value, at_step, checkpoint_every, last_good", [

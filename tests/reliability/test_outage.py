@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,32 @@ def migrated_db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
     mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
     return path
+
+
+class HealthOnly:
+    """Answers the stage's first look at the server (`GET /health`, made before torch loads) and then goes away, so
+    that the server is gone while the stage opens its run: the moment of the outage, made exact."""
+
+    def __init__(self, port: int) -> None:
+        answered = self.answered = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server API
+                self.send_response(200 if self.path == "/health" else 503)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+                answered.set()
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
 
 
 def outage_params(uri: str, grace_s: float) -> dict:
@@ -213,3 +241,85 @@ def test_rerun_after_exit_6_completes_the_run_itself(tmp_path, prepared, server)
     assert not (ws / ".trainlab/spool").exists() or not list((ws / ".trainlab/spool").iterdir())
     client, run = the_run(server.uri)
     assert_complete(client, run)
+
+
+def stop_before_the_run_opens(tmp_path: Path, prepared: Path, port: int, grace_s: float):
+    """A classifier stage whose server answers its first probe and is gone before its run opens: (workspace, stage
+    process, log), the stage training without a server."""
+    stub = HealthOnly(port)
+    ws = make_workspace(tmp_path / "ws", prepared, outage_params(f"http://127.0.0.1:{port}", grace_s=grace_s))
+    log = tmp_path / "stage.log"
+    try:
+        proc = start_stage(ws, log)
+        wait_until(stub.answered.is_set, proc, log, what="the stage's probe of the server")
+    finally:
+        stub.stop()
+    return ws, proc, log
+
+
+def test_server_gone_while_the_run_opens_and_back_later_training_goes_on_and_the_run_ends_complete(
+        tmp_path, prepared, migrated_db):
+    """The hole the issue found: a server that stopped answering while the run was being opened stopped training at
+    step 1 (exit 6). It is an outage like any other: training goes on, the run opens when the server is back."""
+    root = tmp_path / "server"
+    root.mkdir()
+    shutil.copyfile(migrated_db, root / "server.db")
+    server = MlflowServer(root, free_port())
+    ws, proc, log = stop_before_the_run_opens(tmp_path, prepared, server.port, grace_s=120)
+    try:
+        wait_until(epoch_done(ws, 1), proc, log, what="epoch 1 with the server down from the start")
+        server.start()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+        server.start()
+    try:
+        output = log.read_text()
+        assert proc.returncode == 0, output[-3000:]
+        assert "Traceback" not in output and "stopped at optimizer step" not in output
+        assert "warning: MLflow server not answering" in output and "answering again" in output
+        client, run = the_run(server.uri)
+        assert_complete(client, run)
+        # rewritten once the run has ended: the id of the run that opened late
+        assert json.loads((ws / "reports/classifier/run.json").read_text())["mlflow_run_id"] == run.info.run_id
+    finally:
+        server.stop()
+
+
+def test_server_gone_while_the_run_opens_for_good_exit_6_then_the_rerun_opens_and_completes_the_run(
+        tmp_path, prepared, migrated_db):
+    """Never back during the stage: the outputs are written, the calls spooled with the plan of the run that never
+    opened (exit 6); the stage's next run opens that run and logs everything, without training again."""
+    root = tmp_path / "server"
+    root.mkdir()
+    shutil.copyfile(migrated_db, root / "server.db")
+    server = MlflowServer(root, free_port())
+    ws, proc, log = stop_before_the_run_opens(tmp_path, prepared, server.port, grace_s=3)
+    try:
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert proc.returncode == 6, output[-3000:]
+    assert "Traceback" not in output and "stopped at optimizer step" not in output
+    [error] = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert "(never opened)" in error and "did not answer for 3 s after training ended" in error
+    [spool] = list((ws / ".trainlab/spool").iterdir())
+    assert json.loads((spool / "run.json").read_text())["run_id"] is None
+    weights = (ws / "models/classifier/model.safetensors").read_bytes()
+    shutil.rmtree(ws / "models")  # as `dvc repro` does before it reruns the stage
+    shutil.rmtree(ws / "reports")
+    server.start()
+    try:
+        rerun = run_stage("stages.train_classifier", CLASSIFIER_ARGS, ws, timeout=300)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert "no training" in rerun.stdout and "epoch 1/" not in rerun.stdout + rerun.stderr
+        assert (ws / "models/classifier/model.safetensors").read_bytes() == weights and not spool.exists()
+        client, run = the_run(server.uri)
+        assert_complete(client, run)
+        assert run.data.tags["stage"] == "train_classifier" and run.info.run_name.startswith("train_classifier")
+    finally:
+        server.stop()

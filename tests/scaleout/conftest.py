@@ -98,7 +98,9 @@ def files_under(root: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory) -> Path:
-    """Tiny user data (60 short texts, 15 images, 8 masks) prepared once in-process: <root>/data/prepared/<task>."""
+    """Tiny user data (60 short texts, 15 images, 8 masks) prepared once in-process: <root>/data/prepared/<task>,
+    and the text baseline the text training reads: <root>/models/text_baseline/baseline.json."""
+    from stages import text_baseline
     from stages.prepare import main
 
     root = tmp_path_factory.mktemp("prepared")
@@ -110,6 +112,8 @@ def prepared(tmp_path_factory) -> Path:
                                                              "tracking": {"enabled": False}}))
     with timed("prepare (in-process)"):
         main([str(root / "data" / "prepared"), str(root / "reports" / "data_stats.json"), "--params", str(params)])
+        text_baseline.main([str(root / "data" / "prepared" / "text"), str(root / "models" / "text_baseline"),
+                            "--params", str(params)])
     return root
 
 

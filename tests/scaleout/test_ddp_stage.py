@@ -31,7 +31,9 @@ def train_text(root: Path, prepared: Path, migrated_db: Path, nproc: int):
     uri = sqlite_store(root / "store", migrated_db)
     with timed(f"train_text, {nproc} process(es)"):
         proc = run_stage("stages.train_text", [str(prepared / "data" / "prepared" / "text"), "models/text",
-                                               "reports/text"], root, MLFLOW_TRACKING_URI=uri)
+                                               "reports/text", "--baseline",
+                                               str(prepared / "models" / "text_baseline" / "baseline.json")],
+                         root, MLFLOW_TRACKING_URI=uri)
     return proc, mlflow.MlflowClient(tracking_uri=uri)
 
 

@@ -135,7 +135,7 @@ def spooled_log_model(root: Path, store: Path, old_format: bool) -> tuple[str, P
                                  "raw_example": raw_example("classifier", test, root / "data/prepared/classification")})
     folder = write_spool(store / "spool" / "train_classifier-key", {
         "stage": "train_classifier", "key": "key", "tracking_uri": uri, "run_id": run_id,
-        "experiment_id": experiment, "register_models": True}, [call], [])
+        "experiment_id": experiment, "register_models": True}, [call])
     if old_format:
         import shutil
 

@@ -36,7 +36,7 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from pipelines.compare import promote
-    from stages import evaluate, prepare, train_classifier, train_segmenter, train_text
+    from stages import evaluate, prepare, text_baseline, train_classifier, train_segmenter, train_text
 
     stages = {"classifier": train_classifier, "segmenter": train_segmenter, "text": train_text}
     root = tmp_path_factory.mktemp("serving")
@@ -48,8 +48,10 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         torch.set_num_threads(1)
         try:
             prepare.main(["data/prepared", "reports/data_stats.json"])
+            text_baseline.main(["data/prepared/text", "models/text_baseline"])
             for name, stage in stages.items():
-                stage.main([f"data/prepared/{TASK_FOLDERS[name]}", f"models/{name}", f"reports/{name}"])
+                options = ["--baseline", "models/text_baseline/baseline.json"] if name == "text" else []
+                stage.main([f"data/prepared/{TASK_FOLDERS[name]}", f"models/{name}", f"reports/{name}", *options])
             evaluate.main(["data/prepared", "models", "reports/evaluate"])
         finally:
             torch.set_num_threads(threads)

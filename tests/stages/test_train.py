@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from stages import prepare, train_classifier, train_segmenter, train_text
+from stages import prepare, text_baseline, train_classifier, train_segmenter, train_text
 from trainlab.tasks.saved import load_saved_model
 from trainlab.tracking.lineage import file_md5
 
@@ -26,12 +26,14 @@ TINY = {
              "text": {"vocab_size": 2000, "max_length": 32}},
     "classifier": {**TRAIN, "width": 8, "batch_size": 128},
     "segmenter": {**TRAIN, "base_channels": 8, "depth": 2, "batch_size": 32},
-    # the default TF-IDF bag: seconds on 26,000 tweets (the Transformer runs in tests/pipelines' tiny pipeline)
+    # the default TF-IDF bag (its weight decay chosen on validation): seconds on 26,000 tweets (the Transformer
+    # runs in tests/pipelines' tiny pipeline)
     "text": {**TRAIN, "arch": "tfidf_bag", "optimizer": "sgd", "lr": 3.0, "buckets": 4096, "char_buckets": 4096,
-             "batch_size": 512, "baseline_max_features": 5000},
+             "batch_size": 512, "baseline_max_features": 5000, "weight_decay": "auto"},
 }
 STAGES = {"classifier": (train_classifier, "classification"), "segmenter": (train_segmenter, "segmentation"),
           "text": (train_text, "text")}
+STAGE_OPTIONS = {"text": ["--baseline", "models/text_baseline/baseline.json"]}
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,7 @@ def workspace(tmp_path_factory):
     mp.chdir(root)
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
     prepare.main(["data/prepared", "reports/data_stats.json"])
+    text_baseline.main(["data/prepared/text", "models/text_baseline"])
     yield root
     mp.undo()
 
@@ -50,7 +53,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(workspace):
     for name, (stage, folder) in STAGES.items():
-        stage.main([f"data/prepared/{folder}", f"models/{name}", f"reports/{name}"])
+        stage.main([f"data/prepared/{folder}", f"models/{name}", f"reports/{name}", *STAGE_OPTIONS.get(name, [])])
     return workspace
 
 
@@ -89,6 +92,26 @@ def test_text_stage_reports_the_tfidf_baseline(trained):
     metrics = json.loads((trained / "reports/text/metrics.json").read_text())
     assert 0.4 < metrics["baseline_test_accuracy"] < 1
     assert {"tokenizer.json", "baseline.json"} <= {p.name for p in (trained / "models/text").iterdir()}
+
+
+def test_text_weight_decay_auto_keeps_the_head_with_the_lowest_validation_loss(trained):
+    """text.weight_decay auto: info.json, the MLflow run and history.csv say which candidate the validation split
+    chose and how each scored; the saved model is a plain one-head bag (evaluate and serving see nothing else)."""
+    from trainlab.models.tfidf_bag import WEIGHT_DECAY_CANDIDATES
+
+    chosen = json.loads((trained / "models/text/info.json").read_text())["chosen"]
+    candidates = chosen["candidates"]
+    assert set(candidates) == {f"{d:g}" for d in WEIGHT_DECAY_CANDIDATES}
+    best = min(candidates, key=lambda d: (candidates[d]["val_loss"], -float(d)))
+    assert chosen["weight_decay"] == float(best)
+    last = history(trained, "text")[-1]
+    assert float(last["val_accuracy"]) == pytest.approx(candidates[best]["val_accuracy"], abs=1e-6)
+    assert float(last[f"val_accuracy_wd_{best}"]) == pytest.approx(candidates[best]["val_accuracy"], abs=1e-6)
+    record = json.loads((trained / "reports/text/run.json").read_text())
+    params = mlflow.MlflowClient(f"sqlite:///{trained}/mlflow.db").get_run(record["mlflow_run_id"]).data.params
+    assert params["text.weight_decay"] == "auto" and float(params["text.chosen.weight_decay"]) == float(best)
+    saved = load_saved_model(trained / "models/text", "text")
+    assert saved.model.weight_decays == () and saved.model.weight.shape[1] == saved.info["meta"]["num_classes"]
 
 
 @pytest.mark.parametrize("name", list(STAGES))
@@ -188,7 +211,7 @@ def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_train
     a missing file is a clear error naming it."""
     from trainlab.tasks.text_baseline import read_baseline, write_baseline
     from trainlab.core.config import Params
-    from trainlab.core.errors import DataError
+    from trainlab.core.errors import DataError, ParamsError
     from trainlab.tasks.text import text_baseline
 
     data = tmp_path / "text"
@@ -200,8 +223,9 @@ def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_train
     out = tmp_path / "baseline"
     written = write_baseline(Params(), data, out)
     assert written["accuracy"] == 1.0 and (out / "baseline.json").exists()
-    assert text_baseline(Params(), data, {"num_classes": 2}, out / "baseline.json") == read_baseline(
-        out / "baseline.json")
+    assert text_baseline(out / "baseline.json") == read_baseline(out / "baseline.json")
+    with pytest.raises(ParamsError, match="needs the text_baseline stage's baseline.json"):
+        text_baseline(None)
     with pytest.raises(DataError, match=r"nothing\.json: missing"):
         read_baseline(tmp_path / "nothing.json")
     proc = subprocess.run([sys.executable, "-m", "stages.text_baseline", str(data), str(tmp_path / "again")],

@@ -13,7 +13,7 @@ from torch import nn
 from trainlab import tasks
 from trainlab.core.config import ClassifierParams, Params
 from trainlab.data.prepared import save_meta, save_split
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.tasks.base import TaskCode
 from trainlab.tasks.metrics import metric_collection
 
@@ -41,8 +41,8 @@ class ToyCode(TaskCode):
     def tta(self, meta):
         return "none"
 
-    def make_task(self, model, meta, cfg=None):
-        return Task("toy", model, lambda logits, y: F.cross_entropy(logits.float(), y),
+    def make_trainable(self, model, meta, cfg=None):
+        return Trainable("toy", model, lambda logits, y: F.cross_entropy(logits.float(), y),
                     lambda: metric_collection(meta["num_classes"], "accuracy", "macro_f1"),
                     lambda batch, train, gen: (batch["points"].float() / 10, batch["labels"]), "accuracy")
 
@@ -52,7 +52,7 @@ TOY = tasks.TaskSpec("toy", "toy", "points", "labels", ("num_classes",), "accura
 
 
 @pytest.fixture
-def toy_task():
+def toy_trainable():
     tasks.register(TOY)
     yield TOY
     tasks.unregister(TOY.name)
@@ -85,7 +85,7 @@ def test_the_registry_loads_no_torch(tmp_path):
     assert out.strip() == "False"
 
 
-def test_a_registered_fourth_task_trains_and_evaluates(toy_task, tmp_path, monkeypatch, repo_params):
+def test_a_registered_fourth_task_trains_and_evaluates(toy_trainable, tmp_path, monkeypatch, repo_params):
     from trainlab.core.runtime import resolve_runtime
     from trainlab.jobs.evaluate import run_evaluation
     from trainlab.jobs.train import train_task
@@ -112,7 +112,7 @@ def test_a_registered_fourth_task_trains_and_evaluates(toy_task, tmp_path, monke
     assert written == {"metrics.json", "toy_confusion.csv", "toy_per_class.csv", "confusion_matrices.json"}
 
 
-def test_compare_and_the_summary_read_the_primary_metric_from_the_registry(toy_task):
+def test_compare_and_the_summary_read_the_primary_metric_from_the_registry(toy_trainable):
     from pipelines.compare import primary_metric, stage_name
 
     assert primary_metric("segmenter") == "test_mean_iou" and primary_metric("toy") == "test_accuracy"

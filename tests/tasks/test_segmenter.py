@@ -11,7 +11,7 @@ from trainlab.models.segmenter import build_segmenter
 from trainlab.models.segmenter import window_starts
 from trainlab.tasks.augment import random_crop, random_symmetry
 from trainlab.tasks.metrics import class_metric_keys
-from trainlab.tasks.segmenter import segmentation_task
+from trainlab.tasks.segmenter import segmentation_trainable
 
 
 def paired(n=6, h=20, w=20):
@@ -64,7 +64,7 @@ def test_dihedral_on_non_square_images_only_flips():
 
 def test_train_batches_are_crops_and_eval_batches_whole_images():
     model = build_segmenter(SegmenterParams(base_channels=4, depth=1), num_classes=7, in_channels=1)
-    task = segmentation_task(model, 7, crop_size=8, symmetries="dihedral")
+    task = segmentation_trainable(model, 7, crop_size=8, symmetries="dihedral")
     images, masks = paired()
     x, y = task.prepare_batch({"images": images, "masks": masks}, True, torch.Generator().manual_seed(0))
     assert x.shape == (6, 1, 8, 8) and y.shape == (6, 8, 8) and x.dtype == torch.float32
@@ -74,7 +74,7 @@ def test_train_batches_are_crops_and_eval_batches_whole_images():
 
 def test_per_class_iou_and_dice_are_named_after_the_classes():
     model = build_segmenter(SegmenterParams(base_channels=4, depth=1), num_classes=3, in_channels=1)
-    task = segmentation_task(model, 3, class_names=["background", "cell wall", "nucleus"])
+    task = segmentation_trainable(model, 3, class_names=["background", "cell wall", "nucleus"])
     metrics = task.make_metrics()
     target = torch.tensor([[[0, 1, 2, 2]]])
     predicted = torch.tensor([[[0, 1, 2, 1]]])
@@ -121,7 +121,7 @@ def test_learns_thin_structures_from_crops_of_a_few_images():
     symmetries, tested on whole unseen images; the boundary class must be found well beyond chance."""
     from trainlab.core.config import TrainParams
     from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set
-    from trainlab.engine.loop import evaluate, fit, scalars
+    from trainlab.engine.loop import evaluate, FitOptions, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import Runtime
 
@@ -130,11 +130,12 @@ def test_learns_thin_structures_from_crops_of_a_few_images():
     test = {"images": torch.from_numpy(images[12:]), "masks": torch.from_numpy(masks[12:])}
     seed_everything(0)
     model = build_segmenter(SegmenterParams(base_channels=8, depth=2), num_classes=2, in_channels=1)
-    task = segmentation_task(model, 2, dice_weight=1.0, crop_size=48, symmetries="dihedral", class_names=CLASS_NAMES)
+    task = segmentation_trainable(model, 2, dice_weight=1.0, crop_size=48,
+                                  symmetries="dihedral", class_names=CLASS_NAMES)
     cfg = TrainParams(epochs=40, batch_size=6, lr=0.01, warmup_epochs=2, weight_decay=0.0)
     runtime = Runtime(torch.device("cpu"), "fp32", channels_last=False, compile=False, tf32=False, deterministic=True,
                       cudnn_benchmark=False)
-    result = fit(task, train, test, cfg, runtime, seed=0, eval_batch_size=4)
+    result = fit(task, train, test, cfg, runtime, seed=0, options=FitOptions(eval_batch_size=4))
     figures = scalars(evaluate(task, result.model, test, runtime, 4))
     assert figures["dice_boundary"] > 0.6, figures
     assert figures["dice_cell"] > 0.9, figures

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainlab.jobs import pictures
 from trainlab.core.config import Params, TextParams
@@ -34,7 +35,7 @@ def trained_bag(arch, data_dir):
     y = torch.tensor([1, 1, 0, 0])
     Tokenizer(VOCAB, max_length=8).save(data_dir / "tokenizer.json")
     # built as training builds it: the bags' statistics from this training split and its tokenizer
-    model = CODE.build_task(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y},
+    model = CODE.build_trainable(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y},
                             data_dir).model
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     for _ in range(100):
@@ -55,15 +56,15 @@ def test_top_ngrams_name_words_and_bigrams_that_decide_each_class(arch, tmp_path
     assert all(s1 >= s2 for t in tops for (_, s1), (_, s2) in zip(t, t[1:]))  # largest first
 
 
-def test_nb_bag_statistics_come_from_the_training_split_given_to_build_task():
+def test_nb_bag_statistics_come_from_the_training_split_given_to_build_trainable():
     train = {"tokens": torch.tensor([[2, 3, 5], [2, 4, 5], [2, 3, 3]]), "labels": torch.tensor([1, 0, 1])}
     cfg = TextParams(arch="nb_bag", buckets=16)
-    model = CODE.build_task(cfg, META, train).model
+    model = CODE.build_trainable(cfg, META, train).model
     expected = log_count_ratios(model.ids(train["tokens"]), train["labels"], len(VOCAB) + 16, 2, pad_id=0)
     assert torch.equal(model.ratios, expected)
     assert model.ratios[3, 1] > 0 > model.ratios[4, 1]  # 'good' only in class 1, 'bad' only in class 0
     # built without data (profiling, rebuilding a saved model): an unweighted bag until weights are loaded
-    assert torch.equal(CODE.build_task(cfg, META).model.ratios, torch.ones(len(VOCAB) + 16, 2))
+    assert torch.equal(CODE.build_trainable(cfg, META).model.ratios, torch.ones(len(VOCAB) + 16, 2))
 
 
 def test_tfidf_bag_statistics_come_from_the_training_split_and_the_prepared_tokenizer(tmp_path):
@@ -73,9 +74,9 @@ def test_tfidf_bag_statistics_come_from_the_training_split_and_the_prepared_toke
     train = {"tokens": torch.tensor([[2, 3, 5], [2, 4, 5], [2, 3, 3]]), "labels": torch.tensor([1, 0, 1])}
     cfg = TextParams(arch="tfidf_bag", buckets=16, char_buckets=32)
     with pytest.raises(ValueError, match="tokenizer.json"):  # no prepared folder given
-        CODE.build_task(cfg, META, train)
+        CODE.build_trainable(cfg, META, train)
     Tokenizer(VOCAB, max_length=8).save(tmp_path / "tokenizer.json")
-    model = CODE.build_task(cfg, META, train, tmp_path).model
+    model = CODE.build_trainable(cfg, META, train, tmp_path).model
     assert torch.equal(model.char_table, char_ngram_table(VOCAB, len(VOCAB), 3, 5, 32, len(VOCAB) + 16, 0))
     n = 3  # 'movie' (id 5) is in two of the three texts, 'not' (id 6) in none
     assert model.idf[5].item() == pytest.approx(math.log((1 + n) / (1 + 2)) + 1)
@@ -116,3 +117,77 @@ def test_batch_larger_than_the_training_set_names_the_largest_that_works(tmp_pat
                                         r"batch size that works is 21"):
         check_prepared(get("segmenter"), tmp_path, meta, splits, 32)
     check_prepared(get("segmenter"), tmp_path, meta, splits, 21)
+
+
+# text.weight_decay auto: one head per candidate, chosen on the validation split ---------------------------------------
+
+def test_candidate_metrics_measure_every_head_and_choose_the_lowest_loss():
+    from sklearn.metrics import f1_score
+
+    from trainlab.tasks.text import CandidateMetrics
+
+    labels = torch.arange(40) % 4
+    predicted = torch.where(torch.arange(40) < 5, (labels + 1) % 4, labels)  # 35 of 40 right
+    logits = torch.zeros(40, 3, 4)
+    logits[:, 0] = 0.1 * F.one_hot(labels, 4)  # head 0: every text right, but barely (loss 1.31)
+    logits[:, 1] = 2.0 * F.one_hot(predicted, 4)  # heads 1 and 2 predict alike, 2 with a larger margin: the
+    logits[:, 2] = 3.0 * F.one_hot(predicted, 4)  # same accuracy at a lower loss (mean 0.51 against 0.59)
+    metrics = CandidateMetrics(4, (1e-5, 1e-4, 1e-3))
+    for part in (slice(0, 25), slice(25, 40)):  # two batches add up
+        metrics.update(logits[part], labels[part])
+    out = {k: float(v) for k, v in metrics.compute().items()}
+    for k, decay in enumerate((1e-5, 1e-4, 1e-3)):
+        predicted = logits[:, k].argmax(1)
+        assert out[f"accuracy_wd_{decay:g}"] == pytest.approx((predicted == labels).double().mean().item())
+        assert out[f"loss_wd_{decay:g}"] == pytest.approx(F.cross_entropy(logits[:, k], labels).item(), rel=1e-5)
+    assert out["accuracy_wd_1e-05"] == 1 > out["accuracy_wd_0.0001"] == out["accuracy_wd_0.001"] == 35 / 40
+    assert out["loss_wd_0.001"] < out["loss_wd_0.0001"] < out["loss_wd_1e-05"]
+    assert out["weight_decay"] == pytest.approx(1e-3) and out["accuracy"] == out["accuracy_wd_0.001"]
+    assert out["macro_f1"] == pytest.approx(f1_score(labels, logits[:, 2].argmax(1), average="macro"))
+
+
+def test_candidate_loss_reports_the_heads_mean_and_trains_each_head_on_its_own_loss_and_decay():
+    from trainlab.models.tfidf_bag import TfidfBag
+
+    bag = TfidfBag(len(VOCAB), 2, 8, buckets=16, char_buckets=16, weight_decays=(1e-3, 1e-1))
+    torch.nn.init.normal_(bag.weight)
+    task = CODE.make_trainable(bag, META)
+    x, y = torch.tensor([[2, 3, 5], [2, 4, 5]]), torch.tensor([1, 0])
+    logits = bag(x)
+    per_head = [F.cross_entropy(logits[:, k], y) for k in range(2)]
+    expected = torch.autograd.grad(sum(per_head), bag.weight, retain_graph=True)[0]
+    loss = task.loss_fn(logits, y)
+    assert loss.item() == pytest.approx((sum(per_head) / 2).item())
+    loss.backward()
+    expected += bag.weight.detach() * torch.tensor([1e-3, 1e-3, 1e-1, 1e-1])
+    torch.testing.assert_close(bag.weight.grad, expected)
+    with torch.no_grad():  # validation: the mean, no penalty
+        assert task.loss_fn(bag(x), y).item() == pytest.approx(loss.item())
+
+
+def test_choose_model_keeps_the_validation_choice_as_a_plain_text_model():
+    from trainlab.engine.loop import FitResult
+    from trainlab.models.tfidf_bag import TfidfBag
+
+    bag = TfidfBag(len(VOCAB), 2, 8, buckets=16, char_buckets=16, weight_decays=(1e-5, 1e-4, 1e-3))
+    torch.nn.init.normal_(bag.weight)
+    bag.config = {"task": "text", "arch": "tfidf_bag"}
+    task = CODE.make_trainable(bag, META)
+    row = {"val_accuracy": 0.75, "val_weight_decay": 9.9999997e-5,  # float32, as the history holds it
+           **{f"val_accuracy_wd_{d:g}": a for d, a in ((1e-5, 0.7), (1e-4, 0.75), (1e-3, 0.6))},
+           **{f"val_loss_wd_{d:g}": v for d, v in ((1e-5, 0.5), (1e-4, 0.55), (1e-3, 0.8))}}
+    result = FitResult(model=bag, history=[row], params_total=bag.weight.numel() + bag.bias.numel())
+    plain, chosen = CODE.choose_model(task, result)
+    assert chosen == {"weight_decay": 1e-4, "candidates": {
+        "1e-05": {"val_accuracy": 0.7, "val_loss": 0.5}, "0.0001": {"val_accuracy": 0.75, "val_loss": 0.55},
+        "0.001": {"val_accuracy": 0.6, "val_loss": 0.8}}}
+    assert result.model.weight_decays == () and result.params_total == (len(VOCAB) + 16 + 16) * 2 + 2
+    assert torch.equal(result.model.weight[1:], bag.weight[2:, 2:4])  # row 0 of the candidates: [PAD]'s nothing
+    assert result.model.weight[0].abs().sum() == 0 and result.model.config == bag.config
+    assert type(plain).__name__ == "Trainable" and plain.model is result.model
+    assert plain.predict(result.model(torch.tensor([[2, 3]]))).shape == (1,)
+    # a model without candidates is kept as it is
+    one = TfidfBag(len(VOCAB), 2, 8, buckets=16, char_buckets=16)
+    same = FitResult(model=one, history=[{"val_accuracy": 0.5}])
+    kept = CODE.make_trainable(one, META)
+    assert CODE.choose_model(kept, same) == (kept, {}) and same.model is one

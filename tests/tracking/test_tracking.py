@@ -17,29 +17,20 @@ import pytest
 import torch
 import yaml
 
-from trainlab.core.config import load_params
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.repro import git_state
 from trainlab.tracking.retry import retry as _retry
 from trainlab.tracking.lineage import data_hash
-from trainlab.tracking.runs import PendingTracker, start_run, start_run_in_background
+from trainlab.tracking.queue import QueuedTracker, RunOpener, queued_run, start_run_in_background
+from trainlab.tracking.runs import open_run, plan_run, start_run
 from trainlab.tracking.tracker import NullTracker, flatten_params
 from trainlab.tracking.uri import mlflow_client, resolve_tracking_uri
+from tests.tracking.conftest import client_for
 
 mlflow = pytest.importorskip("mlflow")
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS_FILE = REPO / "params.yaml"
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A clean cwd with no tracking env: mlflow.db and mlartifacts land in tmp_path."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-    monkeypatch.delenv("TRAINLAB_PARENT_RUN_ID", raising=False)
-    return tmp_path
 
 
 def load_registered(store: Path, model_uri: str):
@@ -57,32 +48,6 @@ def load_registered(store: Path, model_uri: str):
             os.environ.pop(key, None)
             if value is not None:
                 os.environ[key] = value
-
-
-@pytest.fixture(scope="session")
-def migrated_db(tmp_path_factory) -> Path:
-    """An empty, fully migrated MLflow DB made once: creating one runs ~6 s of alembic migrations (fsync-bound)."""
-    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def store(workdir, migrated_db) -> Path:
-    """workdir with a copy of the migrated empty DB as ./mlflow.db (the default location)."""
-    shutil.copyfile(migrated_db, workdir / "mlflow.db")
-    return workdir
-
-
-@pytest.fixture
-def params(workdir):
-    p = load_params(PARAMS_FILE)
-    p.base.device = "cpu"
-    return p
-
-
-def client_for(workdir: Path) -> mlflow.MlflowClient:
-    return mlflow_client(f"sqlite:///{workdir}/mlflow.db")
 
 
 def free_port() -> int:
@@ -252,12 +217,6 @@ def test_logging_a_model_leaves_mlflows_globals_as_they_were(params, store, monk
     assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{store}/mlflow.db"
 
 
-def test_log_model_needs_an_input_example(params, store):
-    with start_run(params, stage="train_text") as tracker:
-        with pytest.raises(ValueError, match="input_example"):
-            tracker.log_model(torch.nn.Linear(4, 2), "text", None)
-
-
 def test_deleted_experiment_is_reported(params, store):
     client = client_for(store)
     client.delete_experiment(client.create_experiment(params.tracking.experiment))
@@ -268,11 +227,11 @@ def test_deleted_experiment_is_reported(params, store):
 
 def test_background_run_replays_calls_made_before_it_opened(params, store):
     with start_run_in_background(params, stage="train_classifier") as tracker:
-        assert isinstance(tracker, PendingTracker)
+        assert isinstance(tracker, QueuedTracker)
         tracker.log_params({"classifier": {"lr": 0.5}})  # most likely queued: MLflow takes ~1 s to open
         tracker.log_metrics({"val_accuracy": 0.25}, step=1)
         tracker.set_tags({"task": "classifier"})
-        run_id = tracker.run_id  # waits for the run
+        run_id = tracker.run_id  # waits for the run: the store answers
         tracker.log_metrics({"val_accuracy": 0.75}, step=2)
     assert not tracker.failed.is_set()
     client = client_for(store)
@@ -283,38 +242,84 @@ def test_background_run_replays_calls_made_before_it_opened(params, store):
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
 
 
-def test_pending_tracker_queues_until_the_run_is_open_then_replays_in_order(params, store):
-    """Deterministic: the run is opened by the test, after the calls, so they must have been queued."""
-    from concurrent.futures import Future
+def test_calls_made_before_the_run_opens_are_queued_then_made_in_order(params, store):
+    """Deterministic: the run opens when the test says, after the calls, so they must have been queued."""
+    import threading
 
-    opening = Future()
-    pending = PendingTracker(opening)
-    pending.log_params({"classifier": {"lr": 0.5}})
-    pending.log_metrics({"loss": 2.0}, step=1)
-    pending.log_metrics({"loss": 1.0}, step=2)
-    with start_run(params, stage="train_classifier") as tracker:
-        assert client_for(store).get_run(tracker.run_id).data.params == {}  # nothing reached MLflow yet
-        opening.set_result(tracker)
-        pending.log_metrics({"loss": 0.5}, step=3)  # the first call after opening replays the queue first
-        assert pending.run_id == tracker.run_id
+    gate = threading.Event()
+    plan = plan_run(params, "train_classifier", resolve_tracking_uri(params))
+
+    def open_when_let():
+        assert gate.wait(30)
+        return open_run(plan)
+
+    with queued_run(open_when_let, params.tracking, "train_classifier") as tracker:
+        tracker.log_params({"classifier": {"lr": 0.5}})
+        tracker.log_metrics({"loss": 2.0}, step=1)
+        tracker.log_metrics({"loss": 1.0}, step=2)
+        assert client_for(store).search_experiments(filter_string=f"name = '{params.tracking.experiment}'") == []
+        gate.set()
+        tracker.log_metrics({"loss": 0.5}, step=3)
     run = client_for(store).get_run(tracker.run_id)
-    assert run.data.params["classifier.lr"] == "0.5" and not pending.failed.is_set()
+    assert run.data.params["classifier.lr"] == "0.5" and not tracker.failed.is_set()
+    assert run.info.status == "FINISHED" and run.info.run_name == plan.run_name
     history = client_for(store).get_metric_history(tracker.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0), (3, 0.5)]
 
 
-def test_pending_tracker_of_a_run_that_failed_to_open_raises_its_error():
-    from concurrent.futures import Future
+def test_a_run_never_opened_is_spooled_with_its_plan_and_its_replay_opens_it_once(params, store, tmp_path, capfd):
+    """The server away from the stage's start to its end: the spool keeps the run's plan; replaying opens the run as
+    the stage would have (name, tags, environment), makes the calls, and a second replay finds that run again."""
+    import requests
 
-    opening = Future()
-    pending = PendingTracker(opening)
-    pending.log_params({"a": 1})  # queued
-    opening.set_exception(TrackingUnavailable("the store cannot be opened"))
-    assert pending.failed.is_set() and isinstance(pending.opening_error(), TrackingUnavailable)
+    from trainlab.tracking import spool
+    from trainlab.tracking.outage import TrackingOutage
+
+    class Away(RunOpener):
+        def __call__(self):
+            self.plan = self.plan or self._make_plan()
+            raise requests.ConnectionError("Connection refused")
+
+    params.tracking.outage_grace_s = 1
+    uri = resolve_tracking_uri(params)
+    opener = Away(lambda: plan_run(params, "train_text", uri, tags={"task": "text"}))
+    with pytest.raises(TrackingOutage, match="never opened"):
+        with queued_run(opener, params.tracking, "train_text", spool_key="k1", uri=uri) as tracker:
+            tracker.log_params({"text": {"lr": 0.1}})
+            tracker.log_metrics({"val_accuracy": 0.5}, step=1)
+            assert tracker.run_id == "" and not tracker.failed.is_set()
+    folder = spool.spool_folder("train_text", "k1")
+    assert spool.read_run(folder)["run_id"] is None and spool.read_run(folder)["plan"]["run_name"]
+    backup = tmp_path / "spool-copy"
+    shutil.copytree(folder, backup)
+    client = client_for(store)
+    assert client.search_experiments(filter_string=f"name = '{params.tracking.experiment}'") == []
+
+    run_id, made = spool.replay(folder)
+    assert made == 3 and spool.read_run(folder)["run_id"] == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == opener.plan.run_name
+    assert run.data.tags["task"] == "text" and run.data.tags["stage"] == "train_text"
+    assert run.data.params["text.lr"] == "0.1" and "environment.json" in {a.path for a in client.list_artifacts(run_id)}
+
+    shutil.rmtree(folder)  # the record of the replay lost: replayed again from the start, it lands nothing twice
+    shutil.copytree(backup, folder)
+    assert spool.replay(folder)[0] == run_id
+    experiment = client.get_experiment_by_name(params.tracking.experiment).experiment_id
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run_id]
+    assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [1]
+
+
+def test_a_run_that_failed_to_open_raises_its_error_from_every_call():
+    def refuse():
+        raise TrackingUnavailable("the store cannot be opened")
+
+    tracker = QueuedTracker(refuse, queue_size=10, execute=lambda run, call: None)
+    assert tracker.failed.wait(10) and isinstance(tracker.error, TrackingUnavailable)
     with pytest.raises(TrackingUnavailable, match="cannot be opened"):
-        pending.log_metrics({"x": 1.0})
+        tracker.log_metrics({"x": 1.0})
     with pytest.raises(TrackingUnavailable):
-        pending.run_id
+        tracker.run_id
 
 
 def test_background_run_ends_failed_with_the_bodys_error_and_its_queued_params(params, store):

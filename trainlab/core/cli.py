@@ -1,10 +1,11 @@
-"""Entry-point wrapper: user errors print one clear message and exit non-zero; tracebacks only with --debug."""
+"""Entry-point wrapper: a user error prints one clear message and exits with its own code; --debug adds a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable
 
 from trainlab.core.errors import UserError
@@ -16,7 +17,8 @@ def command_parser(prog: str, description: str | None = None, **kwargs) -> argpa
     """An ArgumentParser whose --help also shows --debug (run_cli reads and removes it before parsing)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
     parser.add_argument("--debug", action="store_true",
-                        help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
+                        help=f"also print the full traceback of an error; the exit code stays the error's own "
+                             f"(or set {DEBUG_ENV}=1)")
     return parser
 
 
@@ -26,7 +28,8 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
 
 
 def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`; turn a UserError into `error: ...` on stderr and its exit code."""
+    """Call `main(argv)`; turn a UserError into `error: ...` on stderr and its exit code (with --debug, after its
+    traceback: a script that checks the code sees the same code either way)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
@@ -34,9 +37,10 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) 
         main(argv)
     except UserError as exc:
         if debug:
-            raise
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
-        print(f"(set {DEBUG_ENV}=1 or pass --debug for a traceback)", file=sys.stderr)
+        if not debug:
+            print(f"(set {DEBUG_ENV}=1 or pass --debug for a traceback)", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

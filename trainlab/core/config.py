@@ -125,6 +125,11 @@ class TrainParams(Section):
     precise_bn: bool | Literal["auto"] = False
     checkpoint_every_steps: int = Field(0, ge=0, description="0: a checkpoint at each epoch end only")
 
+    @property
+    def optimizer_weight_decay(self) -> float:
+        """The weight decay the engine's optimizer applies (0 where the model regularises itself)."""
+        return self.weight_decay
+
 
 class ClassifierParams(TrainParams):
     arch: Literal["resnet_small", "resnet18", "mobilenet_v3_small", "efficientnet_b0"] = "resnet_small"
@@ -146,8 +151,16 @@ class SegmenterParams(TrainParams):
                                        "in overlapping tiles of this size (null: whole images at once)")
 
 
+# text.weight_decay auto for each text.arch: what the optimizer applies (the transformer's and the bags' documented
+# values; the TF-IDF bag's heads regularise themselves)
+AUTO_WEIGHT_DECAY = {"transformer": 0.01, "ngram_bag": 0.0, "nb_bag": 0.0, "tfidf_bag": 0.0}
+
+
 class TextParams(TrainParams):
     arch: Literal["transformer", "ngram_bag", "nb_bag", "tfidf_bag"] = "transformer"
+    # auto: tfidf_bag trains one head per candidate (trainlab.models.tfidf_bag.WEIGHT_DECAY_CANDIDATES) and keeps
+    # the one the validation split chooses; the other archs take the value they are documented to want
+    weight_decay: float | Literal["auto"] = 0.0  # (a plain float in the union: searchable as a float range)
     d_model: int = Field(128, ge=8, le=4096)
     n_heads: int = Field(4, ge=1, le=64)
     n_layers: int = Field(2, ge=1, le=48)
@@ -162,6 +175,19 @@ class TextParams(TrainParams):
     char_buckets: int = Field(65536, ge=1, le=2**24, description="tfidf_bag: hash buckets for character n-grams")
     baseline_max_features: int = Field(50000, ge=10)
     baseline_C: float = Field(1.0, gt=0)
+
+    @property
+    def optimizer_weight_decay(self) -> float:
+        if self.weight_decay != "auto":
+            return self.weight_decay
+        return AUTO_WEIGHT_DECAY[self.arch]  # tfidf_bag: 0, its heads carry their own L2
+
+    @field_validator("weight_decay")
+    @classmethod
+    def _decay_range(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 <= value <= 1:
+            raise ValueError(f"must be a number from 0 to 1, or auto; got {value}")
+        return value
 
     @field_validator("n_heads")
     @classmethod

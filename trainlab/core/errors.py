@@ -47,3 +47,9 @@ class InputsRejected(UserError):
     """Some inputs of a prediction could not be read; the others were predicted and written."""
 
     exit_code = 8
+
+
+class TrialPruned(UserError):
+    """A search trial's training was stopped by the study's pruner (its validation metric fell behind); no model."""
+
+    exit_code = 9

@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -16,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.core import distributed
-from trainlab.core.config import TrainParams
+from trainlab.core.config import BaseParams, TrainParams
 from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
@@ -24,7 +25,8 @@ from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_s
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
-from trainlab.engine.contract import Task
+from trainlab.models.init import count_parameters
+from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
 from trainlab.core.runtime import Runtime
 
@@ -37,12 +39,6 @@ class TrainingInterrupted(UserError):
     """Stopped by a signal (or on request) after writing a checkpoint to resume from."""
 
     exit_code = 130
-
-
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameter counts."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 @dataclass
@@ -67,9 +63,9 @@ def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_size: int = 256,
+def evaluate(trainable: Trainable, model: nn.Module, data: Batch, runtime: Runtime, batch_size: int = 256,
              max_device_mb: int = 2048) -> dict[str, torch.Tensor]:
-    """Loss and the task's metrics over `data` (no gradients, eval mode, same precision as training).
+    """Loss and the trainable's metrics over `data` (no gradients, eval mode, same precision as training).
     Under torch.distributed each rank takes its own slice and the results are reduced over all ranks."""
     model.eval()
     ctx = distributed.context()
@@ -77,20 +73,20 @@ def evaluate(task: Task, model: nn.Module, data: Batch, runtime: Runtime, batch_
         data = {k: v[ctx.rank :: ctx.world_size] for k, v in data.items()}
     batches = make_batches(data, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
                            max_device_mb=max_device_mb)
-    metrics = task.make_metrics().to(runtime.device)
+    metrics = trainable.make_metrics().to(runtime.device)
     loss_sum = torch.zeros((), device=runtime.device)
     count = 0
     for batch in batches.epoch(0):
-        x, y = task.prepare_batch(batch, False, None)
-        x = to_device_layout(x, task, runtime)
+        x, y = trainable.prepare_batch(batch, False, None)
+        x = to_device_layout(x, trainable, runtime)
         with runtime.autocast():
             out = model(x)
-            loss = task.loss_fn(out, y)
+            loss = trainable.loss_fn(out, y)
         n = y.shape[0]
         loss_sum += loss.float() * n
         count += n
         with bincount_allowed(runtime.device):
-            metrics.update(task.predict(out.float()), y)
+            metrics.update(trainable.predict(out.float()), y)
     totals = distributed.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(count), device=loss_sum.device)]))
     return {"loss": totals[0] / totals[1].clamp(min=1), **metrics.compute()}
 
@@ -113,155 +109,231 @@ def _stop_on_signals(flag: threading.Event | None = None):
             signal.signal(s, handler)
 
 
-def fit(task: Task, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int, *,
-        tracker: MetricsSink | None = None, checkpoint_path: str | Path | None = None, fingerprint: str = "",
-        max_device_mb: int = 2048, num_workers: int = 2, stop_at_step: int | None = None,
-        eval_batch_size: int = 256, sync_batchnorm: bool = False, stop: threading.Event | None = None,
-        cuda_graphs: bool | str = "auto") -> FitResult:
-    """Train `task.model` on `train`, validating on `val` after each epoch.
+@dataclass(frozen=True)
+class FitOptions:
+    """How fit runs, beside what it trains (TrainParams) and where (Runtime): where the data lives, the validation
+    batch, the checkpoint to write and resume, and the DDP and CUDA-graph settings."""
 
-    With `checkpoint_path`, the full state is saved at each epoch end (and every `cfg.checkpoint_every_steps`
-    optimizer steps), and a checkpoint with the same `fingerprint` found there is resumed from.
-    `stop_at_step` stops after that many optimizer steps as if interrupted (for tests of exact resume); `stop`, set
-    by another thread, stops at the next optimizer step the same way (checkpoint, then TrainingInterrupted).
-    `cuda_graphs` (auto, True, False): capture the step as a CUDA graph where the device and settings allow.
-    Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes `batch_size / world_size`
-    samples of every global batch, and only rank 0 reports progress and writes checkpoints.
+    max_device_mb: int = 2048  # a split up to this size lives on the device, a larger one is streamed
+    num_workers: int = 2  # DataLoader workers for a streamed split
+    eval_batch_size: int = 256
+    checkpoint_path: Path | None = None  # the full state is saved here at each epoch end (and every
+    fingerprint: str = ""  # cfg.checkpoint_every_steps); a checkpoint there is resumed only when this matches
+    sync_batchnorm: bool = False
+    cuda_graphs: bool | str = "auto"  # capture the step as a CUDA graph where the device and settings allow
+
+    @classmethod
+    def from_base(cls, base: BaseParams, **overrides) -> FitOptions:
+        """The options that params.yaml's `base` section sets, plus `overrides`."""
+        return cls(max_device_mb=base.data_on_device_max_mb, num_workers=base.num_workers,
+                   sync_batchnorm=base.distributed.sync_batchnorm, cuda_graphs=base.cuda_graphs, **overrides)
+
+
+@dataclass(frozen=True)
+class FitHooks:
+    """What fit tells the caller and asks it. `tracker` gets each epoch's metrics. `stop` (an event set by another
+    thread) and `stop_after` (called with the optimizer-step count after each step) stop training at that step as if
+    interrupted: checkpoint, then TrainingInterrupted."""
+
+    tracker: MetricsSink | None = None
+    stop: threading.Event | None = None
+    stop_after: Callable[[int], bool] | None = None
+
+
+@dataclass
+class FitState:
+    """Where training is: what a checkpoint keeps besides the weights and the optimizer."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Micro-batches and optimizer steps an epoch and in all."""
+
+    steps_per_epoch: int
+    updates_per_epoch: int
+    total_updates: int
+
+    @classmethod
+    def of(cls, cfg: TrainParams, batches_per_epoch: int) -> EpochPlan:
+        updates_per_epoch = max(1, batches_per_epoch // cfg.accumulation_steps)
+        total = cfg.epochs * updates_per_epoch
+        return cls(updates_per_epoch * cfg.accumulation_steps, updates_per_epoch,
+                   min(total, cfg.max_steps) if cfg.max_steps else total)
+
+
+def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int,
+        options: FitOptions = FitOptions(), hooks: FitHooks = FitHooks()) -> FitResult:
+    """Train `trainable.model` on `train`, validating on `val` after each epoch; resume from a checkpoint of the same
+    fingerprint. Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes
+    `batch_size / world_size` samples of every global batch, and only rank 0 reports progress and writes checkpoints.
     """
-    device = runtime.device
     ctx = distributed.context()
     if cfg.batch_size % ctx.world_size:
-        raise ParamsError(f"{task.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
+        raise ParamsError(f"{trainable.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
                           f"processes ({ctx.world_size})")
-    model = task.model.to(device)
-    if task.conv and runtime.channels_last:
+    model, forward = place_model(trainable, runtime, options.sync_batchnorm)
+    batches = make_batches(train, cfg.batch_size // ctx.world_size, runtime.device, seed, shuffle=True,
+                           drop_last=True, max_device_mb=options.max_device_mb, num_workers=options.num_workers,
+                           rank=ctx.rank, world_size=ctx.world_size)
+    plan = EpochPlan.of(cfg, len(batches))
+    graphs, why_not = graphs_plan(options.cuda_graphs, runtime, cfg, distributed=ctx.enabled)
+    if why_not and ctx.is_main:
+        print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
+    step = TrainStep(trainable, model, cfg, runtime, total_updates=plan.total_updates, seed=seed, forward=forward,
+                     warmup_updates=round(cfg.warmup_epochs * plan.updates_per_epoch), graphs=graphs)
+    state = FitState()
+    resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
+    saver = Checkpoints(options, trainable.name, model, step, state)
+    precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
+    progress = Progress(plan.total_updates, desc=f"train {trainable.name}", initial=step.updates, enabled=ctx.is_main)
+    with _stop_on_signals(hooks.stop) as stop_flag, closing(progress):
+        def should_stop() -> bool:
+            return stop_flag.is_set() or (hooks.stop_after is not None and hooks.stop_after(step.updates))
+
+        while state.epoch < cfg.epochs and step.updates < plan.total_updates:
+            seconds, samples = train_one_epoch(step, batches, state, plan, progress, should_stop, saver)
+            _raise_if_diverged(step.first_bad, trainable.name, saver.path)
+            state.train_time += seconds
+            if precise_bn:
+                settle_batchnorm(trainable, step.eval_model, batches, state.epoch, runtime)
+            val_metrics = scalars(evaluate(trainable, step.eval_model, val, runtime, options.eval_batch_size,
+                                           options.max_device_mb))
+            row = {"epoch": state.epoch + 1, "step": step.updates, "train_loss": mean_train_loss(step),
+                   "lr": step.schedule.lr_at(step.updates),
+                   "samples_per_s": samples * ctx.world_size / max(seconds, 1e-9),
+                   **{f"val_{k}": v for k, v in val_metrics.items()}}
+            state.history.append(row)
+            progress.write(epoch_line(trainable, row, cfg.epochs))
+            if hooks.tracker is not None:
+                hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
+            state.epoch, state.step_in_epoch = state.epoch + 1, 0
+            saver.save(state.train_time)
+
+    total_params, trainable = count_parameters(model)
+    samples = step.updates * cfg.accumulation_steps * cfg.batch_size
+    return FitResult(model=step.eval_model, history=state.history, final=state.history[-1] if state.history else {},
+                     params_total=total_params, params_trainable=trainable, train_time_s=state.train_time,
+                     samples_per_s=samples / max(state.train_time, 1e-9), resumed_from_step=resumed_from,
+                     cuda_graphs=graphs)
+
+
+def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) -> tuple[nn.Module, nn.Module]:
+    """The model on its device and memory format, and what the step calls: the model, wrapped in DDP under
+    torch.distributed, compiled when the runtime says so."""
+    device = runtime.device
+    model = trainable.model.to(device)
+    if trainable.conv and runtime.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    wrapped = model
-    if ctx.enabled:
+    forward = model
+    if distributed.context().enabled:
         if sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = torch.compile(wrapped) if runtime.compile else wrapped
+        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, torch.compile(forward) if runtime.compile else forward
 
-    train_batches = make_batches(train, cfg.batch_size // ctx.world_size, device, seed, shuffle=True,
-                                 drop_last=True, max_device_mb=max_device_mb, num_workers=num_workers,
-                                 rank=ctx.rank, world_size=ctx.world_size)
-    accum = cfg.accumulation_steps
-    updates_per_epoch = max(1, len(train_batches) // accum)
-    steps_per_epoch = updates_per_epoch * accum
-    total_updates = cfg.epochs * updates_per_epoch
-    if cfg.max_steps:
-        total_updates = min(total_updates, cfg.max_steps)
-    graphs, why_not = graphs_plan(cuda_graphs, runtime, cfg, distributed=ctx.enabled)
-    if why_not and ctx.is_main:
-        print(f"{task.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
-    step = TrainStep(task, model, cfg, runtime, total_updates=total_updates,
-                     warmup_updates=round(cfg.warmup_epochs * updates_per_epoch), seed=seed, forward=forward,
-                     graphs=graphs)
-    total_params, trainable = count_parameters(model)
-    precise_bn = wanted(cfg.precise_bn, model, updates_per_epoch, ctx.enabled)
 
-    def settle_batchnorm(epoch: int) -> None:
-        """Precise BatchNorm statistics of the model that is evaluated, from training batches as evaluation sees
-        them (no augmentation), before each validation."""
-        batches = islice(train_batches.epoch(epoch), PRECISE_BN_BATCHES)
-        recompute_batchnorm(step.eval_model, (to_device_layout(task.prepare_batch(b, False, None)[0], task, runtime)
-                                              for b in batches), runtime)
+def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, progress: Progress,
+                    should_stop: Callable[[], bool], saver: Checkpoints) -> tuple[float, int]:
+    """The optimizer steps of one epoch, from where a resumed epoch stopped; its seconds and this rank's samples."""
+    step.model.train()
+    t0 = time.perf_counter()
+    samples_at_start = int(step.seen) if state.step_in_epoch else 0
+    first_step = state.step_in_epoch
+    if state.step_in_epoch == 0:
+        step.loss_sum.zero_()
+        step.seen.zero_()
+    every = step.cfg.checkpoint_every_steps
+    for index, batch in enumerate(batches.epoch(state.epoch, state.step_in_epoch), start=state.step_in_epoch):
+        if index >= plan.steps_per_epoch:
+            break
+        updated = step(batch)
+        state.step_in_epoch = index + 1
+        if not updated:
+            continue
+        since = time.perf_counter() - t0
+        progress.step(step.updates, (state.step_in_epoch - first_step) * step.cfg.batch_size / max(since, 1e-9),
+                      lambda: float(step.loss_sum / step.seen.clamp(min=1)))
+        if step.updates >= plan.total_updates:
+            break
+        if should_stop():
+            saver.save(state.train_time + since)
+            raise TrainingInterrupted(
+                f"{step.trainable.name}: stopped at optimizer step {step.updates}; checkpoint saved to "
+                f"{saver.path}. Run the same command (or `dvc repro`) again to resume.")
+        if every and step.updates % every == 0:
+            saver.save(state.train_time + since)
+    return time.perf_counter() - t0, int(step.seen) - samples_at_start
 
-    epoch, step_in_epoch, history, train_time = 0, 0, [], 0.0
-    ckpt = Path(checkpoint_path) if checkpoint_path else None
-    resumed_from = 0
-    state = resume_state(ckpt, device)
-    if state is not None:
-        if state.get("fingerprint") == fingerprint:
-            # same params and data, but the model code may have changed since: a clear error, not a traceback
-            load_model_state(model, state.get("model") or {}, str(ckpt))
-            try:
-                step.load_state_dict(state["step"])
-                epoch, step_in_epoch = state["epoch"], state["step_in_epoch"]
-                history, train_time = list(state["history"]), state["train_time"]
-                set_rng_state(state["rng"])
-            except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
-                raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "
-                                      "delete it to train from the start") from None
-            resumed_from = step.updates
-            print(f"{task.name}: resuming from {ckpt} at epoch {epoch + 1}, optimizer step {step.updates}",
-                  flush=True)
-        else:
-            print(f"{task.name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
 
-    def checkpoint(elapsed: float) -> None:
-        if ckpt is None:
+def mean_train_loss(step: TrainStep) -> float:
+    """The epoch's mean training loss over every rank (one sync)."""
+    totals = distributed.all_reduce_sum(torch.stack([step.loss_sum, step.seen.float()]))
+    return float(totals[0] / totals[1].clamp(min=1))
+
+
+def settle_batchnorm(trainable: Trainable, model: nn.Module, batches, epoch: int, runtime: Runtime) -> None:
+    """Precise BatchNorm statistics of the model that is evaluated, from training batches as evaluation sees them
+    (no augmentation), before a validation."""
+    inputs = (to_device_layout(trainable.prepare_batch(b, False, None)[0], trainable, runtime)
+              for b in islice(batches.epoch(epoch), PRECISE_BN_BATCHES))
+    recompute_batchnorm(model, inputs, runtime)
+
+
+def epoch_line(trainable: Trainable, row: dict[str, float], epochs: int) -> str:
+    metric = trainable.primary_metric
+    return (f"{trainable.name} epoch {row['epoch']}/{epochs}: train_loss {row['train_loss']:.4f} "
+            f"val_loss {row['val_loss']:.4f} val_{metric} {row.get(f'val_{metric}', float('nan')):.4f} "
+            f"{row['samples_per_s']:,.0f} samples/s")
+
+
+class Checkpoints:
+    """Saves the full training state to `options.checkpoint_path` (rank 0 writes, the others wait); nothing without
+    a path. A diverged step is refused before anything is written, so the last checkpoint stays a good one."""
+
+    def __init__(self, options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState):
+        self.path = Path(options.checkpoint_path) if options.checkpoint_path else None
+        self.fingerprint, self.name, self.model, self.step, self.state = options.fingerprint, name, model, step, state
+
+    def save(self, elapsed: float) -> None:
+        if self.path is None:
             return
-        _raise_if_diverged(step.first_bad, task.name, ckpt)
-        if not ctx.is_main:
-            distributed.barrier()
-            return
-        save_checkpoint(ckpt, {
-            "fingerprint": fingerprint, "model": model.state_dict(), "step": step.state_dict(), "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "update": step.updates, "history": history, "train_time": elapsed,
-            "rng": rng_state(),
-        })
+        _raise_if_diverged(self.step.first_bad, self.name, self.path)
+        if distributed.context().is_main:
+            save_checkpoint(self.path, {
+                "fingerprint": self.fingerprint, "model": self.model.state_dict(), "step": self.step.state_dict(),
+                "epoch": self.state.epoch, "step_in_epoch": self.state.step_in_epoch, "update": self.step.updates,
+                "history": self.state.history, "train_time": elapsed, "rng": rng_state()})
         distributed.barrier()
 
-    progress = Progress(total_updates, desc=f"train {task.name}", initial=step.updates, enabled=ctx.is_main)
-    try:
-        with _stop_on_signals(stop) as stop_flag:
-            while epoch < cfg.epochs and step.updates < total_updates:
-                model.train()
-                t0 = time.perf_counter()
-                samples_at_start = int(step.seen) if step_in_epoch else 0
-                first_step = step_in_epoch
-                if step_in_epoch == 0:
-                    step.loss_sum.zero_()
-                    step.seen.zero_()
-                for index, batch in enumerate(train_batches.epoch(epoch, step_in_epoch), start=step_in_epoch):
-                    if index >= steps_per_epoch:
-                        break
-                    updated = step(batch)
-                    step_in_epoch = index + 1
-                    if not updated:
-                        continue
-                    since = time.perf_counter() - t0
-                    progress.step(step.updates, (step_in_epoch - first_step) * cfg.batch_size / max(since, 1e-9),
-                                  lambda: float(step.loss_sum / step.seen.clamp(min=1)))
-                    if step.updates >= total_updates:
-                        break
-                    if stop_flag.is_set() or step.updates == stop_at_step:
-                        checkpoint(train_time + since)
-                        raise TrainingInterrupted(
-                            f"{task.name}: stopped at optimizer step {step.updates}; checkpoint saved to {ckpt}. "
-                            "Run the same command (or `dvc repro`) again to resume.")
-                    if cfg.checkpoint_every_steps and step.updates % cfg.checkpoint_every_steps == 0:
-                        checkpoint(train_time + since)
-                _raise_if_diverged(step.first_bad, task.name, ckpt)
-                epoch_time = time.perf_counter() - t0
-                train_time += epoch_time
-                totals = distributed.all_reduce_sum(torch.stack([step.loss_sum, step.seen.float()]))
-                train_loss = float(totals[0] / totals[1].clamp(min=1))
-                epoch_samples = (int(step.seen) - samples_at_start) * ctx.world_size
-                if precise_bn:
-                    settle_batchnorm(epoch)
-                val_metrics = scalars(evaluate(task, step.eval_model, val, runtime, eval_batch_size, max_device_mb))
-                row = {"epoch": epoch + 1, "step": step.updates, "train_loss": train_loss,
-                       "lr": step.schedule.lr_at(step.updates), "samples_per_s": epoch_samples / max(epoch_time, 1e-9),
-                       **{f"val_{k}": v for k, v in val_metrics.items()}}
-                history.append(row)
-                progress.write(f"{task.name} epoch {epoch + 1}/{cfg.epochs}: train_loss {train_loss:.4f} "
-                               f"val_loss {val_metrics['loss']:.4f} val_{task.primary_metric} "
-                               f"{val_metrics.get(task.primary_metric, float('nan')):.4f} {row['samples_per_s']:,.0f} samples/s")
-                if tracker is not None:
-                    tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=epoch + 1)
-                epoch, step_in_epoch = epoch + 1, 0
-                checkpoint(train_time)
-    finally:
-        progress.close()
 
-    samples = step.updates * accum * cfg.batch_size
-    return FitResult(model=step.eval_model, history=history, final=history[-1] if history else {},
-                     params_total=total_params, params_trainable=trainable, train_time_s=train_time,
-                     samples_per_s=samples / max(train_time, 1e-9), resumed_from_step=resumed_from,
-                     cuda_graphs=graphs)
+def resume(options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState,
+           device: torch.device) -> int:
+    """Load the checkpoint at `options.checkpoint_path` into model, step and state when its fingerprint matches;
+    the optimizer step it resumed from (0: none)."""
+    ckpt = Path(options.checkpoint_path) if options.checkpoint_path else None
+    saved = resume_state(ckpt, device)
+    if saved is None:
+        return 0
+    if saved.get("fingerprint") != options.fingerprint:
+        print(f"{name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
+        return 0
+    # same params and data, but the model code may have changed since: a clear error, not a traceback
+    load_model_state(model, saved.get("model") or {}, str(ckpt))
+    try:
+        step.load_state_dict(saved["step"])
+        state.epoch, state.step_in_epoch = saved["epoch"], saved["step_in_epoch"]
+        state.history, state.train_time = list(saved["history"]), saved["train_time"]
+        set_rng_state(saved["rng"])
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "
+                              "delete it to train from the start") from None
+    print(f"{name}: resuming from {ckpt} at epoch {state.epoch + 1}, optimizer step {step.updates}", flush=True)
+    return step.updates
 
 
 def resume_state(ckpt: Path | None, device: torch.device) -> dict | None:

@@ -10,7 +10,7 @@ from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.ema import EMA
 from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.core.repro import derived_seed, generator
 from trainlab.core.runtime import Runtime
 
@@ -18,8 +18,8 @@ from trainlab.core.runtime import Runtime
 GRAPH_WARMUP_STEPS = 3
 
 
-def to_device_layout(x: torch.Tensor, task: Task, runtime: Runtime) -> torch.Tensor:
-    if task.conv and runtime.channels_last and x.ndim == 4:
+def to_device_layout(x: torch.Tensor, trainable: Trainable, runtime: Runtime) -> torch.Tensor:
+    if trainable.conv and runtime.channels_last and x.ndim == 4:
         return x.contiguous(memory_format=torch.channels_last)
     return x
 
@@ -54,14 +54,15 @@ class TrainStep:
     batch).
     """
 
-    def __init__(self, task: Task, model: nn.Module, cfg: TrainParams, runtime: Runtime, *, total_updates: int,
-                 warmup_updates: int = 0, seed: int = 0, forward: nn.Module | None = None, graphs: bool = False):
+    def __init__(self, trainable: Trainable, model: nn.Module, cfg: TrainParams, runtime: Runtime, *,
+                 total_updates: int, warmup_updates: int = 0, seed: int = 0, forward: nn.Module | None = None,
+                 graphs: bool = False):
         device = runtime.device
-        self.task, self.model, self.cfg, self.runtime = task, model, cfg, runtime
+        self.trainable, self.model, self.cfg, self.runtime = trainable, model, cfg, runtime
         self.forward = forward if forward is not None else model
         self.graphs = graphs
-        self.optimizer = build_optimizer(param_groups(model, cfg.weight_decay, cfg.lr, task.head, task.head_lr),
-                                         cfg, device, capturable=graphs)
+        groups = param_groups(model, cfg.optimizer_weight_decay, cfg.lr, trainable.head, trainable.head_lr)
+        self.optimizer = build_optimizer(groups, cfg, device, capturable=graphs)
         self.schedule = LRSchedule(self.optimizer, total_updates, min(warmup_updates, total_updates), cfg.schedule)
         self.scaler = torch.amp.GradScaler(device.type) if runtime.needs_grad_scaler else None
         self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
@@ -102,11 +103,11 @@ class TrainStep:
         return True
 
     def _accumulate(self, batch: Batch) -> None:
-        task, runtime = self.task, self.runtime
-        x, y = task.prepare_batch(batch, True, self.augment)
-        x = to_device_layout(x, task, runtime)
+        trainable, runtime = self.trainable, self.runtime
+        x, y = trainable.prepare_batch(batch, True, self.augment)
+        x = to_device_layout(x, trainable, runtime)
         with runtime.autocast():
-            loss = task.loss_fn(self.forward(x), y)
+            loss = trainable.loss_fn(self.forward(x), y)
         scaled = loss / self.cfg.accumulation_steps
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         loss = loss.detach().float()
@@ -217,7 +218,7 @@ class TrainStep:
         self.updates = int(state["updates"])
         if self.augment is not None and state.get("augment") is not None:
             if not restore_generator(self.augment, state["augment"], self.seed, self.updates):
-                print(f"{self.task.name}: the checkpoint's augmentation RNG state is another device's kind; "
+                print(f"{self.trainable.name}: the checkpoint's augmentation RNG state is another device's kind; "
                       f"augmentation reseeded (deterministically) at optimizer step {self.updates}", flush=True)
         self.update_count.fill_(self.updates)
         self.loss_sum.copy_(state["loss_sum"])

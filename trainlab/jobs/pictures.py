@@ -41,6 +41,14 @@ def image_array(image: torch.Tensor) -> np.ndarray:
     return array[0] if array.shape[0] == 1 else np.moveaxis(array[:3], 0, -1)
 
 
+def display_text(text: str) -> str:
+    """Text from the data as a picture shows it: non-printable characters (the C0/C1 controls of a mis-decoded tweet,
+    such as \\x8d) dropped, line breaks and other spaces as a space, `$` escaped. The font has no glyph for a control
+    character (matplotlib warns for each), and two `$` would start mathtext, which can fail to parse."""
+    shown = "".join(c if c.isprintable() else " " if c.isspace() else "" for c in str(text))
+    return shown.replace("$", r"\$")
+
+
 def show_image(ax, image: torch.Tensor) -> None:
     ax.imshow(image_array(image), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     ax.set_axis_off()
@@ -76,8 +84,8 @@ def misclassified_grid(images: torch.Tensor, actual: torch.Tensor, predicted: to
             continue
         show_image(ax, images[k])
         where = f"#{int(indices[k])} " if indices is not None else ""
-        ax.set_title(f"{where}true {class_names[int(actual[k])]}\npred {class_names[int(predicted[k])]}",
-                     fontsize=8, color="firebrick")
+        true, pred = (display_text(class_names[int(i)]) for i in (actual[k], predicted[k]))
+        ax.set_title(f"{where}true {true}\npred {pred}", fontsize=8, color="firebrick")
     of = f" of {total}" if total is not None else ""
     fig.suptitle(f"Misclassified test images: {count} shown, {total_wrong} wrong{of}", fontsize=10)
     return fig
@@ -110,7 +118,8 @@ def segmentation_overlays(images: torch.Tensor, masks: torch.Tensor, predicted: 
             ax.set_title(title if title == "truth" else f"{title} ({wrong} of {masks[k].numel()} pixels wrong)",
                          fontsize=9)
         axes[k, 0].set_title(f"test canvas {k}", fontsize=9)
-    handles = [Patch(facecolor=cmap(i), edgecolor="0.5", label=name) for i, name in enumerate(class_names)]
+    handles = [Patch(facecolor=cmap(i), edgecolor="0.5", label=display_text(name))
+               for i, name in enumerate(class_names)]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(n, 6), fontsize=8, frameon=False)
     return fig
 
@@ -129,14 +138,14 @@ def attention_heatmaps(tokens: Sequence[Sequence[str]], attentions: Sequence[tor
         if k >= count:
             ax.set_axis_off()
             continue
-        words, att = list(tokens[k]), attentions[k].detach().cpu().numpy()
+        words, att = [display_text(w) for w in tokens[k]], attentions[k].detach().cpu().numpy()
         image = ax.imshow(att, cmap="viridis", vmin=0, interpolation="nearest")
         size = max(4.0, min(9.0, 220 / max(len(words), 1)))
         ax.set_xticks(range(len(words)), words, rotation=90, fontsize=size)
         ax.set_yticks(range(len(words)), words, fontsize=size)
         ax.set_xlabel("attended token (key)", fontsize=8)
         ax.set_ylabel("attending token (query)", fontsize=8)
-        ax.set_title(titles[k] if titles else f"test text {k}", fontsize=9)
+        ax.set_title(display_text(titles[k]) if titles else f"test text {k}", fontsize=9)
         fig.colorbar(image, ax=ax, shrink=0.7)
     fig.suptitle("Last-layer self-attention, mean over heads", fontsize=11)
     return fig
@@ -158,11 +167,11 @@ def ngram_bars(class_names: Sequence[str], ngrams: Sequence[Sequence[tuple[str, 
             ax.set_axis_off()
             continue
         name, rows = shown[k]
-        labels, values = [r[0] for r in rows][::-1], [r[1] for r in rows][::-1]
+        labels, values = [display_text(r[0]) for r in rows][::-1], [r[1] for r in rows][::-1]
         ax.barh(range(len(rows)), values, color="tab:blue")
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.tick_params(axis="x", labelsize=7)
-        ax.set_title(f"class {name}", fontsize=9)
+        ax.set_title(f"class {display_text(name)}", fontsize=9)
     fig.suptitle("Most weighted n-grams per class (logit added, relative to the mean over classes)", fontsize=10)
     return fig
 

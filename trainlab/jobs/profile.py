@@ -15,7 +15,7 @@ from trainlab.core.atomic import atomic_dir, write_json, write_text
 from trainlab.core.config import Params
 from trainlab.core.flatten import numbers
 from trainlab.engine.batches import Batch
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.profiling.flops import flops_per_step
 from trainlab.profiling.memory import memory_kind, write_cuda_memory_snapshot
 from trainlab.profiling.peaks import datasheet_key, datasheet_peak_flops, matmul_peak_flops
@@ -48,10 +48,10 @@ def log_line(message: str) -> None:
 
 @dataclass
 class Loaded:
-    """One trained model with its Task and a batch of its test split on the device."""
+    """One trained model with its Trainable and a batch of its test split on the device."""
 
     name: str
-    task: Task
+    task: Trainable
     arch: str
     batch: Batch
 
@@ -72,7 +72,7 @@ def test_batch(split: Batch, batch_size: int, device: torch.device) -> Batch:
 
 
 def load_model(name: str, params: Params, data_root: Path, models_root: Path, device: torch.device) -> Loaded:
-    """models/<name> (weights and architecture) as the engine Task that trained it, plus its profiling batch."""
+    """models/<name> (weights and architecture) as the engine Trainable that trained it, plus its profiling batch."""
     from trainlab.data.prepared import load_meta
     from trainlab.data.shards import ShardSplit
     from trainlab.tasks.saved import load_saved_model
@@ -83,7 +83,7 @@ def load_model(name: str, params: Params, data_root: Path, models_root: Path, de
     saved = load_saved_model(models_root / name, name, device=device)
     cfg = getattr(params, spec.params_section)
     # the loss, batch transform and head of the task, around the trained model (not a fresh or pretrained one)
-    task = spec.load().make_task(saved.model, meta, cfg)
+    task = spec.load().make_trainable(saved.model, meta, cfg)
     saved.model.train()
     batch = test_batch(ShardSplit(data_dir, "test"), params.profile.batch_size, device)  # reads just that batch
     return Loaded(name, task, str(saved.config.get("arch", name)), batch)
@@ -124,6 +124,25 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
+def caveats(models: list[ModelProfile], seconds: float, budget_s: float | None, steps: int) -> list[str]:
+    """What the report's reader must know about these measurements: an overrun budget, an MFU above 100%,
+    settings timed with fewer steps."""
+    notes = []
+    if budget_s is not None and seconds > budget_s:
+        notes.append(f"Profiling overran its {budget_s:.0f} s budget ({seconds:.0f} s) although slow measurements "
+                     "were shortened (down to 1 warm-up step and 1 step per repeat): the machine was slower, or "
+                     "busier, than the budget assumes.")
+    settings = [m for model in models for m in model.settings.values()]
+    if any(m[f"{phase}_mfu"] > 1 for m in settings for phase in ("train", "infer")):
+        notes.append("An MFU above 100% means the matmul peak was measured low, most likely because other "
+                     "processes were busy on the device during that measurement: rerun on a quiet machine.")
+    if any(m["train_steps"] < steps or m["infer_steps"] < steps for m in settings):
+        notes.append(f"Slow settings were timed with fewer than {steps} steps per repeat to fit the stage's time "
+                     "budget on this CPU (see the steps column); each timed run still lasts long enough to time "
+                     "reliably.")
+    return notes
+
+
 def profile_models(params: Params, data_root: str | Path, models_root: str | Path, out_dir: str | Path,
                    tasks: Sequence[str] | None = None, time_budget_s: float | None | str = "auto",
                    log: Log = log_line) -> ProfileOutcome:
@@ -162,20 +181,7 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
                 phases_left -= 2 * len(matrices[item.name])
                 models.append(model)
             seconds = time.perf_counter() - start
-            if deadline is not None and seconds > time_budget_s:
-                device.notes.append(f"Profiling overran its {time_budget_s:.0f} s budget ({seconds:.0f} s) although "
-                                    "slow measurements were shortened (down to 1 warm-up step and 1 step per "
-                                    "repeat): the machine was slower, or busier, than the budget assumes.")
-            if any(m[f"{phase}_mfu"] > 1 for model in models for m in model.settings.values()
-                   for phase in ("train", "infer")):
-                device.notes.append("An MFU above 100% means the matmul peak was measured low, most likely because "
-                                    "other processes were busy on the device during that measurement: rerun on a "
-                                    "quiet machine.")
-            if any(m["train_steps"] < cfg.steps or m["infer_steps"] < cfg.steps
-                   for model in models for m in model.settings.values()):
-                device.notes.append(f"Slow settings were timed with fewer than {cfg.steps} steps per repeat to fit "
-                                    "the stage's time budget on this CPU (see the steps column); each timed run "
-                                    "still lasts long enough to time reliably.")
+            device.notes += caveats(models, seconds, time_budget_s if deadline is not None else None, cfg.steps)
             metrics = metrics_dict(device, models, seconds)
             write_json(staging / MEASUREMENTS_FILE, metrics)
             write_json(staging / "metrics.json", headline_metrics(models))

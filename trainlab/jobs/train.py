@@ -19,11 +19,12 @@ from safetensors.torch import save_file
 from trainlab.core import distributed
 from trainlab.core.atomic import atomic_dir, atomic_path, process_lock, write_json, writing
 from trainlab.core.config import Params, TrainParams
-from trainlab.engine.loop import FitResult, evaluate, fit, scalars
-from trainlab.engine.contract import Task
+from trainlab.engine.loop import FitHooks, FitOptions, FitResult, evaluate, fit, scalars
+from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError
 from trainlab.core.repro import environment, seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
+from trainlab.jobs.pruning import trial_sink  # a search trial's pruning (pipelines.search); off otherwise
 from trainlab.tasks import get
 from trainlab.tasks.base import check_prepared
 
@@ -40,15 +41,15 @@ class TrainOutcome:
     seconds: float
 
 
-def build_task(name: str, params: Params, meta: dict, train: dict[str, torch.Tensor] | None = None,
-               data_dir: Path | None = None) -> Task:
-    """The model and Task for `name` (trainlab.tasks), sized from the prepared data's meta.json; with `train` and
+def build_trainable(name: str, params: Params, meta: dict, train: dict[str, torch.Tensor] | None = None,
+               data_dir: Path | None = None) -> Trainable:
+    """The model and Trainable for `name` (trainlab.tasks), sized from the prepared data's meta.json; with `train` and
     its prepared folder, the model's statistics of the training split are set (the text bags' NB ratios or idf)."""
     spec = get(name)
-    return spec.load().build_task(getattr(params, spec.params_section), meta, train, data_dir)
+    return spec.load().build_trainable(getattr(params, spec.params_section), meta, train, data_dir)
 
 
-def settle_auto_precision(runtime: Runtime, requested: str, task: Task, train: dict[str, torch.Tensor],
+def settle_auto_precision(runtime: Runtime, requested: str, task: Trainable, train: dict[str, torch.Tensor],
                           batch_size: int) -> Runtime:
     """`precision: auto` on CUDA by the size of the training step (trainlab.core.runtime.cuda_auto_precision): the FLOPs
     of one step at `batch_size`, counted on a CPU copy of the model. Anything else is returned unchanged."""
@@ -75,7 +76,7 @@ def fingerprint(params: Params, name: str, data_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def input_example(data: dict[str, torch.Tensor], task: Task) -> torch.Tensor:
+def input_example(data: dict[str, torch.Tensor], task: Trainable) -> torch.Tensor:
     x, _ = task.prepare_batch({k: v[:2] for k, v in data.items()}, False, None)
     return x
 
@@ -105,7 +106,7 @@ def write_history(history: list[dict[str, float]], path: Path) -> None:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
 
 
-def headline_metrics(summary: dict[str, float], task: Task) -> dict[str, float]:
+def headline_metrics(summary: dict[str, float], task: Trainable) -> dict[str, float]:
     """What reports/<task>/metrics.json keeps, and so `dvc exp show` compares: the task's primary test metric (and a
     baseline's). Every test metric, the loss and the parameter counts are in info.json and in MLflow."""
     return {k: v for k, v in summary.items() if k == f"test_{task.primary_metric}" or k.startswith("baseline_")}
@@ -119,80 +120,131 @@ def model_md5(model_dir: Path) -> str:
     return file_md5(model_dir / "model.safetensors")
 
 
+@dataclass(frozen=True)
+class TrainingJob:
+    """One training stage: the model it trains, the params, the prepared data and where the outputs go."""
+
+    name: str
+    params: Params
+    data_dir: Path
+    model_dir: Path
+    reports_dir: Path
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's own stage options (TaskCode)
+
+    @property
+    def cfg(self) -> TrainParams:
+        return getattr(self.params, get(self.name).params_section)
+
+    @property
+    def checkpoint(self) -> Path:
+        return CHECKPOINT_ROOT / self.name / "last.pt"
+
+
+@dataclass
+class Trained:
+    """What a training produced: the task it trained, fit's result, the test metrics, the runtime it ran on and the
+    stage's seconds so far."""
+
+    task: Trainable
+    fit: FitResult
+    test: dict[str, float]
+    runtime: Runtime
+    seconds: float
+    chosen: dict[str, Any] = dataclasses.field(default_factory=dict)  # TaskCode.choose_model's record
+
+
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
                runtime: Runtime | None = None, **options: Any) -> TrainOutcome:
     """The whole training stage for one task; writes model_dir and reports_dir only on success.
     Under torchrun every rank trains; only rank 0 tracks and writes. `options`: the task's own stage options
     (TaskCode.add_arguments), such as the text model's `baseline` file."""
-    from trainlab.data.prepared import load_meta
-    from trainlab.data.shards import open_split
-    from trainlab.tracking.lineage import split_inputs
-    from trainlab.tracking.runs import PendingTracker, start_run_in_background
-    from trainlab.tracking.tracker import NullTracker
-
     start = time.perf_counter()
-    data_dir, model_dir, reports_dir = Path(data_dir), Path(model_dir), Path(reports_dir)
-    spec = get(name)
-    cfg: TrainParams = getattr(params, spec.params_section)
-    seed = params.base.seed
-    meta = load_meta(data_dir)
-    # in memory up to base.data_on_device_max_mb a split, else streamed from disk a batch at a time
-    splits = {s: open_split(data_dir, s, params.base.data_on_device_max_mb, spec.load().streamable)
-              for s in ("train", "val", "test")}
-    check_prepared(spec, data_dir, meta, splits, cfg.batch_size)
+    job = TrainingJob(name, params, Path(data_dir), Path(model_dir), Path(reports_dir), options)
+    meta, splits = load_prepared(job)
     runtime = runtime or resolve_runtime(params.base)
     ctx = distributed.setup(params.base.distributed, runtime.device.type)
     if ctx.enabled and runtime.device.type == "cuda":
         runtime = dataclasses.replace(runtime, device=torch.device("cuda", ctx.local_rank))
-    seed_everything(seed)
-    task = build_task(name, params, meta, splits["train"], data_dir)
-    runtime = settle_auto_precision(runtime, params.base.precision, task, splits["train"], cfg.batch_size)
+    seed_everything(params.base.seed)
+    task = build_trainable(name, params, meta, splits["train"], job.data_dir)
+    runtime = settle_auto_precision(runtime, params.base.precision, task, splits["train"], job.cfg.batch_size)
     # torch.optim imports torch._dynamo (about 1 s) when the first optimizer is built: import it here, before the
     # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL. (Not `import
     # torch._dynamo`: that would make `torch` a local name of this whole function.)
     importlib.import_module("torch._dynamo")
-
-    ckpt = CHECKPOINT_ROOT / name / "last.pt"
-    run_key = fingerprint(params, name, data_dir)
+    run_key = fingerprint(params, name, job.data_dir)
     if params.tracking.enabled and not ctx.enabled:
-        restored = _complete_spooled_run(name, run_key, model_dir, reports_dir, start)
+        restored = _complete_spooled_run(name, run_key, job.model_dir, job.reports_dir, start)
         if restored is not None:
-            ckpt.unlink(missing_ok=True)
+            job.checkpoint.unlink(missing_ok=True)
             return restored
     # Two trainings with the same params and data in one folder would resume from each other's checkpoint.
-    lock = process_lock(f"checkpoint:{ckpt.resolve()}:{run_key}", wait=False) if ctx.is_main else nullcontext(True)
+    lock = process_lock(f"checkpoint:{job.checkpoint.resolve()}:{run_key}", wait=False) if ctx.is_main \
+        else nullcontext(True)
     with lock as own_checkpoint:
         if not own_checkpoint:
-            raise CheckpointError(f"{ckpt}: another training of the {name} with the same params and data is running "
-                                  "in this folder and would resume from this checkpoint; wait for it to finish, or "
-                                  "train in another folder")
-        tracking = (start_run_in_background(params, stage=f"train_{name}", spool_key=run_key,
-                                            outputs=(model_dir, reports_dir), datasets=split_inputs(data_dir))
-                    if ctx.is_main else nullcontext(NullTracker()))
-        with tracking as tracker:
-            # A run that cannot open stops training at the next step; not under DDP, where one rank stopping alone
-            # would leave the others waiting in a collective: there rank 0's next log call raises and torchrun
-            # stops them all.
-            stop = tracker.failed if isinstance(tracker, PendingTracker) and not ctx.enabled else None
-            tracker.log_params({"base": params.base.model_dump(), name: cfg.model_dump(), "data_source":
-                                meta.get("source", "unknown"), "world_size": ctx.world_size})
-            tracker.set_tags({**runtime.describe(), "task": name})
-            result = fit(task, splits["train"], splits["val"], cfg, runtime, seed, tracker=tracker,
-                         checkpoint_path=ckpt, fingerprint=run_key,
-                         max_device_mb=params.base.data_on_device_max_mb, num_workers=params.base.num_workers,
-                         eval_batch_size=2 * cfg.batch_size, sync_batchnorm=params.base.distributed.sync_batchnorm,
-                         stop=stop, cuda_graphs=params.base.cuda_graphs)
-            tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs)})
-            test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
-                                    params.base.data_on_device_max_mb))
-            seconds = time.perf_counter() - start
-            if ctx.is_main:
-                write_outputs(name, params, task, result, test, seconds, tracker, runtime, meta, splits["test"],
-                              data_dir, model_dir, reports_dir, options)
+            raise CheckpointError(f"{job.checkpoint}: another training of the {name} with the same params and data "
+                                  "is running in this folder and would resume from this checkpoint; wait for it to "
+                                  "finish, or train in another folder")
+        trained, run_id = train_tracked(job, meta, splits, task, runtime, run_key, start)
         if ctx.is_main:
-            ckpt.unlink(missing_ok=True)
+            job.checkpoint.unlink(missing_ok=True)
     distributed.teardown()
-    return TrainOutcome(test=test, fit=result, run_id=tracker.run_id, seconds=seconds)
+    return TrainOutcome(test=trained.test, fit=trained.fit, run_id=run_id, seconds=trained.seconds)
+
+
+def load_prepared(job: TrainingJob) -> tuple[dict, dict[str, Any]]:
+    """meta.json and the three splits, checked: each in memory up to base.data_on_device_max_mb, else streamed from
+    disk a batch at a time."""
+    from trainlab.data.prepared import load_meta
+    from trainlab.data.shards import open_split
+
+    spec = get(job.name)
+    meta = load_meta(job.data_dir)
+    max_mb = job.params.base.data_on_device_max_mb
+    splits = {s: open_split(job.data_dir, s, max_mb, spec.load().streamable) for s in ("train", "val", "test")}
+    check_prepared(spec, job.data_dir, meta, splits, job.cfg.batch_size)
+    return meta, splits
+
+
+def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Trainable, runtime: Runtime,
+                  run_key: str, start: float) -> tuple[Trained, str]:
+    """Fit and test inside the stage's MLflow run (rank 0; the other ranks get a null tracker), then write the
+    outputs; what was trained and the run id."""
+    from trainlab.jobs.outputs import keeper
+    from trainlab.tracking.lineage import split_inputs
+    from trainlab.tracking.queue import start_run_in_background
+    from trainlab.tracking.tracker import NullTracker
+
+    params, cfg, ctx = job.params, job.cfg, distributed.context()
+    tracking = (start_run_in_background(params, stage=f"train_{job.name}", spool_key=run_key,
+                                        keep_outputs=keeper(job.model_dir, job.reports_dir),
+                                        datasets=split_inputs(job.data_dir))
+                if ctx.is_main else nullcontext(NullTracker()))
+    with tracking as tracker:
+        # A store that refuses the run (or a call) stops training at the next step (engine.contract.Tracker.failed);
+        # not under DDP, where one rank stopping alone would leave the others waiting in a collective: there rank 0's
+        # next log call raises and torchrun stops them all.
+        stop = tracker.failed if not ctx.enabled else None
+        tracker.log_params({"base": params.base.model_dump(), job.name: cfg.model_dump(), "data_source":
+                            meta.get("source", "unknown"), "world_size": ctx.world_size})
+        tracker.set_tags({**runtime.describe(), "task": job.name})
+        options = FitOptions.from_base(params.base, eval_batch_size=2 * cfg.batch_size,
+                                       checkpoint_path=job.checkpoint, fingerprint=run_key)
+        result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed, options,
+                     FitHooks(tracker=trial_sink(tracker, job.name, job.checkpoint), stop=stop))
+        tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs)})
+        task, chosen = get(job.name).load().choose_model(task, result)  # e.g. the text bag's weight decay
+        if chosen:
+            tracker.log_params({job.name: {"chosen": chosen}})
+        test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
+                                params.base.data_on_device_max_mb))
+        trained = Trained(task, result, test, runtime, time.perf_counter() - start, chosen)
+        if ctx.is_main:
+            record = write_outputs(job, meta, trained, tracker, splits["test"])
+    if ctx.is_main and record["mlflow_run_id"] != tracker.run_id:  # a run opened late (an outage as it opened)
+        write_json(job.reports_dir / RUN_RECORD, {**record, "mlflow_run_id": tracker.run_id})
+    return trained, tracker.run_id
 
 
 def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir: Path,
@@ -200,9 +252,9 @@ def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir:
     """A run of these params and data that ended with its MLflow server gone (exit 6): log what it kept (no training
     again) and put its outputs back; its outcome, else None."""
     from trainlab.engine.loop import FitResult
-    from trainlab.tracking.spool import complete_stage
+    from trainlab.jobs.outputs import complete_spooled_stage
 
-    run_id = complete_stage(f"train_{name}", run_key, [model_dir, reports_dir])
+    run_id = complete_spooled_stage(f"train_{name}", run_key, [model_dir, reports_dir])
     if run_id is None:
         return None
     record = reports_dir / RUN_RECORD
@@ -219,47 +271,52 @@ def _complete_spooled_run(name: str, run_key: str, model_dir: Path, reports_dir:
     return TrainOutcome(test=info.get("test", {}), fit=fit_result, run_id=run_id, seconds=time.perf_counter() - start)
 
 
-def write_outputs(name: str, params: Params, task: Task, result: FitResult, test: dict[str, float], seconds: float,
-                  tracker, runtime: Runtime, meta: dict, test_split: dict[str, torch.Tensor], data_dir: Path,
-                  model_dir: Path, reports_dir: Path, options: dict[str, Any] | None = None) -> None:
-    """Model, metrics and history files, and the same in MLflow (with the registered model).
+def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_split: dict[str, torch.Tensor]) -> dict:
+    """Model, metrics and history files, and the same in MLflow (with the registered model); returns the record of
+    the git-ignored reports/<task>/run.json (the run id, the weights' md5, timings, environment).
 
     The model folder and the reports hold only what the same params and data reproduce bit for bit; the run id,
-    timings and environment go to MLflow and to the git-ignored reports/<task>/run.json."""
-    summary = {f"test_{k}": v for k, v in test.items()}
-    summary.update({"params_total": result.params_total, "params_trainable": result.params_trainable,
-                    "epochs": len(result.history)})
-    timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(seconds, 3),
-              "samples_per_s": round(result.samples_per_s, 1)}
-    extras = get(name).load().training_extras(params, data_dir, meta, options or {})
-    extra_json = {"info.json": {"task": name, "meta": meta, "test": test, "runtime": runtime.describe(),
-                                "params_total": result.params_total, "params_trainable": result.params_trainable,
-                                "epochs": len(result.history)}, **extras.json}
-    summary.update(extras.metrics)
-    tracker.log_params({"params_total": result.params_total, "params_trainable": result.params_trainable})
-    tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
-
+    timings and environment go to MLflow and to run.json."""
     from trainlab.data.transforms import PREPROCESSING_FILE
 
+    result, name = trained.fit, job.name
+    counts = {"params_total": result.params_total, "params_trainable": result.params_trainable}
+    summary = {**{f"test_{k}": v for k, v in trained.test.items()}, **counts, "epochs": len(result.history)}
+    timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(trained.seconds, 3),
+              "samples_per_s": round(result.samples_per_s, 1)}
+    extras = get(name).load().training_extras(job.params, job.data_dir, meta, job.options)
+    summary.update(extras.metrics)
+    tracker.log_params(counts)
+    tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
     files = dict(extras.files)
-    if (data_dir / PREPROCESSING_FILE).is_file():  # how raw inputs become model inputs: predict and MLflow read it
-        files[PREPROCESSING_FILE] = data_dir / PREPROCESSING_FILE
-    save_model(result.model, model_dir, files, extra_json)
-    weights_md5 = model_md5(model_dir)
+    if (job.data_dir / PREPROCESSING_FILE).is_file():  # how raw inputs become model inputs: predict and MLflow read it
+        files[PREPROCESSING_FILE] = job.data_dir / PREPROCESSING_FILE
+    info = {"task": name, "meta": meta, "test": trained.test, "runtime": trained.runtime.describe(), **counts,
+            "epochs": len(result.history), **({"chosen": trained.chosen} if trained.chosen else {})}
+    save_model(result.model, job.model_dir, files, {"info.json": info, **extras.json})
+    weights_md5 = model_md5(job.model_dir)
     tracker.set_tags({"model_md5": weights_md5})
-    write_history(result.history, reports_dir / "history.csv")
-    write_json(reports_dir / "metrics.json", headline_metrics(summary, task))
-    write_json(reports_dir / RUN_RECORD, {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5,
-                                          "timing": timing, "environment": environment(runtime.device)})
-    tracker.log_artifact(reports_dir / "history.csv")
-    tracker.log_artifact(model_dir / "config.json", "model_files")
-    model = result.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
-    registered = f"trainlab-{name}" if params.tracking.register_models else None
-    # an MLflow pyfunc on raw inputs (trainlab.serving): the model folder, a few raw test inputs as its example
+    write_history(result.history, job.reports_dir / "history.csv")
+    write_json(job.reports_dir / "metrics.json", headline_metrics(summary, trained.task))
+    record = {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5, "timing": timing,
+              "environment": environment(trained.runtime.device)}
+    write_json(job.reports_dir / RUN_RECORD, record)
+    log_model(job, trained, tracker, test_split)
+    return record
+
+
+def log_model(job: TrainingJob, trained: Trained, tracker, test_split: dict[str, torch.Tensor]) -> None:
+    """The history and config as artifacts and the model in MLflow (registered when tracking.register_models): an
+    MLflow pyfunc on raw inputs (trainlab.serving) where the task has one, with a few raw test inputs as its
+    example."""
     from trainlab.serving.flavor import raw_example, served
 
-    raw = served(name, model_dir)
-    tracker.log_model(model, name=name, input_example=input_example(test_split, task).cpu(),
-                      registered_model_name=registered, model_dir=model_dir if raw else None,
-                      raw_example=raw_example(name, test_split, data_dir) if raw else None)
-
+    name = job.name
+    tracker.log_artifact(job.reports_dir / "history.csv")
+    tracker.log_artifact(job.model_dir / "config.json", "model_files")
+    model = trained.fit.model.eval().float().cpu().to(memory_format=torch.contiguous_format)
+    registered = f"trainlab-{name}" if job.params.tracking.register_models else None
+    raw = served(name, job.model_dir)
+    tracker.log_model(model, name=name, input_example=input_example(test_split, trained.task).cpu(),
+                      registered_model_name=registered, model_dir=job.model_dir if raw else None,
+                      raw_example=raw_example(name, test_split, job.data_dir) if raw else None)

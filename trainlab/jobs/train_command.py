@@ -8,27 +8,21 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from trainlab.core.config import load_params
-from trainlab.tracking.uri import probe_tracking
-from trainlab.core.cli import command_parser
+from trainlab.jobs.stage_cli import stage_params, stage_parser
 
 
 def train_stage_main(name: str, argv: list[str],
                      add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
     """The command line shared by the training stages: DATA_DIR MODEL_DIR REPORTS_DIR [--params FILE], plus the
     task's own options (`add_arguments`), which reach the task's code (TaskCode.training_extras)."""
-    parser = command_parser(prog=f"python -m stages.train_{name}",
-                                     description=f"Train the {name} model on prepared data (a DVC stage).")
+    parser = stage_parser(f"python -m stages.train_{name}", f"Train the {name} model on prepared data (a DVC stage).")
     parser.add_argument("data_dir", type=Path, help="prepared data folder (train/val/test.safetensors, meta.json)")
     parser.add_argument("model_dir", type=Path, help="where the trained model is written")
     parser.add_argument("reports_dir", type=Path, help="where metrics.json and history.csv are written")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    params = load_params(args.params)
-    if os.environ.get("RANK", "0") == "0":
-        probe_tracking(params)
+    params = stage_params(args, probe=os.environ.get("RANK", "0") == "0")  # under torchrun, rank 0 probes
     dist_params = params.base.distributed
     if dist_params.nproc_per_node * dist_params.nnodes > 1 and "LOCAL_RANK" not in os.environ:
         from trainlab.core.distributed import torchrun_command

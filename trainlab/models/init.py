@@ -1,4 +1,5 @@
-"""Weight initialisation schemes for conv, linear and embedding layers; norm layers reset to identity."""
+"""Weight initialisation schemes for conv, linear and embedding layers (norm layers reset to identity), and
+parameter counts."""
 
 from __future__ import annotations
 
@@ -36,3 +37,9 @@ def _init_weight(weight, scheme: str, fan_out: bool) -> None:
         nn.init.orthogonal_(weight)
     else:
         nn.init.normal_(weight, mean=0.0, std=0.02)
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)

@@ -12,7 +12,7 @@ from trainlab.core.config import TextParams
 from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 from trainlab.models.ngram_bag import NBNgramBag, NgramBag
-from trainlab.models.tfidf_bag import TfidfBag
+from trainlab.models.tfidf_bag import WEIGHT_DECAY_CANDIDATES, TfidfBag
 
 
 class SelfAttention(nn.Module):
@@ -123,8 +123,10 @@ def build_text_model(p: TextParams, vocab_size: int, num_classes: int, max_lengt
                         "dropout": p.dropout, **sizes}
         return model
     if p.arch == "tfidf_bag":
+        # weight_decay auto: one head per candidate, the validation split chooses (trainlab.tasks.text)
+        candidates = WEIGHT_DECAY_CANDIDATES if p.weight_decay == "auto" else ()
         model = TfidfBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.char_ngrams,
-                         p.char_buckets, p.dropout)
+                         p.char_buckets, p.dropout, candidates)
         model.config = {"task": "text", "arch": "tfidf_bag", "ngrams": p.ngrams, "buckets": p.buckets,
                         "char_ngrams": list(p.char_ngrams) if p.char_ngrams else None,
                         "char_buckets": p.char_buckets, "dropout": p.dropout, **sizes}

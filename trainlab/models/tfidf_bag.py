@@ -1,15 +1,23 @@
 """TF-IDF bag text classifier: logistic regression in neural form over the words, hashed word n-grams and hashed
-character n-grams of the words (fastText's subwords) of a text, TF-IDF weighted and L2-normalised."""
+character n-grams of the words (fastText's subwords) of a text, TF-IDF weighted and L2-normalised; optionally one
+head per candidate weight decay over the same features, the one to keep chosen on the validation split."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainlab.models.ngram_bag import ngram_ids
+
+# text.weight_decay auto: the candidate L2 coefficients of the per-sample objective (SGD's weight_decay; C = 1 / (wd *
+# N)), one head each, a decade apart below 1e-5 (where the tweets and both corpora score alike) and half a decade
+# above; the validation split chooses one (trainlab.tasks.text.CandidateMetrics)
+WEIGHT_DECAY_CANDIDATES = (1e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 
 # character n-grams kept per word at most (a word of w characters has 3w - 3 n-grams of 3..5 characters: up to
 # 12-character words keep all of theirs)
@@ -36,6 +44,20 @@ def char_ngram_table(vocab: Sequence[str], rows: int, low: int, high: int, bucke
     return table
 
 
+class _DecayGradient(torch.autograd.Function):
+    """0 forward; backward, the gradient ``decay * weight`` (one pass over the weight, no penalty computed)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, decay)
+        return weight.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        weight, decay = ctx.saved_tensors
+        return weight * (decay * grad), None
+
+
 class TfidfBag(nn.Module):
     """Token ids (N, L) -> logits (N, num_classes): a linear layer over two TF-IDF vectors of the text, each
     L2-normalised: its words and hashed 2..ngrams-grams of them (`ngram_ids`), and the hashed character n-grams of
@@ -43,20 +65,36 @@ class TfidfBag(nn.Module):
     by its idf (smooth, as scikit-learn's; zero for a feature that no training text has), computed from the
     training split by `fit_idf` and saved with the weights. Each vector's norm treats occurrences as distinct
     features, which keeps the step to gathers and sums (no sort, no host sync). `dropout` drops features while
-    training, before the normalisation."""
+    training, before the normalisation.
+
+    With `weight_decays` (K candidates) it is K such classifiers over the same features, trained at once: logits
+    (N, K, num_classes), head k regularised by its own L2 coefficient through `l2_penalty` (the optimizer then
+    decays nothing of the weight); `select_head` returns the chosen one as a plain one-head bag."""
 
     def __init__(self, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0, ngrams: int = 2,
                  buckets: int = 65536, char_ngrams: tuple[int, int] | None = (3, 5), char_buckets: int = 65536,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, weight_decays: Sequence[float] = ()):
         super().__init__()
         self.vocab_size, self.num_classes, self.max_length, self.pad_id = vocab_size, num_classes, max_length, pad_id
         self.ngrams, self.buckets = ngrams, buckets if ngrams > 1 else 0
         self.char_ngrams = tuple(char_ngrams) if char_ngrams else None
         self.char_buckets = char_buckets if self.char_ngrams else 0
         self.dropout = dropout
+        self.weight_decays = tuple(float(w) for w in weight_decays)
+        if any(not math.isfinite(w) or w < 0 for w in self.weight_decays):
+            raise ValueError(f"weight decays must be finite and >= 0, got {list(self.weight_decays)}")
+        heads = max(1, len(self.weight_decays))
         features = vocab_size + self.buckets + self.char_buckets
-        self.weight = nn.Parameter(torch.zeros(features, num_classes))
-        self.bias = nn.Parameter(torch.zeros(num_classes))
+        # candidates: the heads side by side in one matrix, one gather for them all, whose rows are 0 (nothing:
+        # padding) and then the features (`rows` maps feature -> row); fit_idf keeps only the features that some
+        # training text holds
+        self.weight = nn.Parameter(torch.zeros(features + 1 if self.weight_decays else features, heads * num_classes))
+        self.bias = nn.Parameter(torch.zeros(heads * num_classes))
+        if self.weight_decays:
+            self.register_buffer("rows", torch.arange(1, features + 1).masked_fill(torch.arange(features) == pad_id, 0))
+        # each weight column's L2 coefficient; not saved (a chosen, one-head bag regularises nothing itself)
+        decay = torch.tensor(self.weight_decays, dtype=torch.float32).repeat_interleave(num_classes)
+        self.register_buffer("decay", decay, persistent=False)
         slots = CHAR_SLOTS if self.char_ngrams else 0
         self.register_buffer("char_table", torch.full((vocab_size, slots), pad_id, dtype=torch.int64))
         # all ones (the pad feature zero) until fit_idf: term counts only
@@ -105,6 +143,16 @@ class TfidfBag(nn.Module):
         n = tokens.size(0)
         idf = torch.where(df > 0, ((1 + n) / (1 + df)).log() + 1, torch.zeros_like(df))  # padding: df 0, idf 0
         self.idf.copy_(idf.float())
+        if self.weight_decays:
+            self._keep_rows_of_seen_features()
+
+    def _keep_rows_of_seen_features(self) -> None:
+        """Candidates, before training: weight rows for the features of the training texts only (idf > 0; the
+        others add nothing and learn nothing), as the optimizer's dense work each step scales with the rows (a
+        third fewer on the tweets, three quarters on TREC)."""
+        seen = self.idf > 0
+        self.rows.zero_()[seen] = torch.arange(1, int(seen.sum()) + 1)
+        self.weight = nn.Parameter(self.weight.new_zeros(int(seen.sum()) + 1, self.weight.size(1)))
 
     def normalised_weights(self, ids: torch.Tensor) -> torch.Tensor:
         weights = self.idf[ids]
@@ -118,11 +166,51 @@ class TfidfBag(nn.Module):
         words, chars = self.word_ids(tokens), self.char_ids(tokens)
         ids = torch.cat([words, chars], dim=1)
         weights = torch.cat([self.normalised_weights(words), self.normalised_weights(chars)], dim=1)
-        # index_select + a weighted sum: on CPU its backward (index_add) is about 4x faster than embedding_bag's
+        weights = weights.to(self.weight.dtype)
+        if not self.weight_decays:
+            return self.weighted_rows(ids, weights, bag=False) + self.bias
+        logits = self.weighted_rows(self.rows[ids], weights, bag=ids.device.type == "cpu") + self.bias
+        return logits.view(len(logits), -1, self.num_classes)
+
+    def weighted_rows(self, ids: torch.Tensor, weights: torch.Tensor, bag: bool) -> torch.Tensor:
+        """sum_j weights[:, j] * weight[ids[:, j]]. index_select + a weighted sum: for one head's narrow rows, its
+        backward (index_add) is 2-4x faster on CPU than embedding_bag's, and it replays in a CUDA graph. `bag`:
+        embedding_bag, which skips row 0 (padding: most slots) and makes no (N, slots, K * C) copy, 1.5-5x faster on
+        CPU for the K heads' wide rows; its CUDA backward syncs with the host (no graph capture), so CPU only."""
+        if bag:
+            return F.embedding_bag(ids, self.weight, per_sample_weights=weights, mode="sum", padding_idx=0)
         rows = self.weight.index_select(0, ids.flatten()).view(*ids.shape, -1)
-        return (rows * weights.to(rows.dtype).unsqueeze(-1)).sum(1) + self.bias
+        return (rows * weights.unsqueeze(-1)).sum(1)
+
+    def l2_penalty(self) -> torch.Tensor:
+        """A zero to add to the training loss, whose gradient is each head's weight times its weight decay: what
+        SGD's weight_decay adds to the gradient, per head, and scaled as the loss is (accumulation, fp16 loss
+        scaling). Biases are not decayed, as the engine's optimizer leaves them."""
+        if not self.weight_decays:
+            return self.weight.new_zeros(())
+        return _DecayGradient.apply(self.weight, self.decay)
+
+    @torch.no_grad()
+    def select_head(self, head: int) -> TfidfBag:
+        """The candidate `head` as a one-head bag with the same statistics and features (config included), on the
+        same device: what is saved, evaluated and served."""
+        if not 0 <= head < max(1, len(self.weight_decays)):
+            raise ValueError(f"head {head} is not one of the {len(self.weight_decays)} candidates")
+        chosen = TfidfBag(self.vocab_size, self.num_classes, self.max_length, self.pad_id, self.ngrams,
+                          self.buckets, self.char_ngrams, self.char_buckets, self.dropout)
+        columns = slice(head * self.num_classes, (head + 1) * self.num_classes)
+        chosen.to(self.weight.device)
+        # features without a row of their own (row 0) weigh nothing, as in a bag trained alone
+        chosen.weight.copy_(self.weight[:, columns][self.rows] * (self.rows > 0).unsqueeze(1))
+        chosen.bias.copy_(self.bias[columns])
+        chosen.char_table.copy_(self.char_table)
+        chosen.idf.copy_(self.idf)
+        if hasattr(self, "config"):
+            chosen.config = dict(self.config)
+        return chosen.to(self.weight.dtype)
 
     @torch.no_grad()
     def ngram_scores(self, ids: torch.Tensor) -> torch.Tensor:
-        """(K,) feature ids -> (K, num_classes): what one occurrence adds to each class's logit, before the norm."""
+        """(K,) feature ids -> (K, num_classes): what one occurrence adds to each class's logit, before the norm (a
+        one-head bag)."""
         return (self.weight[ids] * self.idf[ids, None]).float()

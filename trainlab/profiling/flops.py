@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from trainlab.engine.batches import Batch
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 
 aten = torch.ops.aten
 
@@ -37,7 +37,7 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-def flops_per_step(task: Task, batch: Batch) -> dict[str, int]:
+def flops_per_step(trainable: Trainable, batch: Batch) -> dict[str, int]:
     """FLOPs of one train step (prepare + forward + loss + backward; the optimizer's elementwise update is not
     counted) and of one inference step on `batch`, counted in fp32 eager on a copy of the model.
 
@@ -45,19 +45,19 @@ def flops_per_step(task: Task, batch: Batch) -> dict[str, int]:
     these layers), so the count costs three tiny steps, not a full-batch step.
     """
     device = next(iter(batch.values())).device
-    model = copy.deepcopy(task.model).to(device).float()
+    model = copy.deepcopy(trainable.model).to(device).float()
     batch_size = len(next(iter(batch.values())))
 
     def train(sub: Batch) -> None:
         model.train()
-        x, y = task.prepare_batch(sub, True, None)
-        task.loss_fn(model(x), y).backward()
+        x, y = trainable.prepare_batch(sub, True, None)
+        trainable.loss_fn(model(x), y).backward()
         model.zero_grad(set_to_none=True)
 
     def infer(sub: Batch) -> None:
         model.eval()
         with torch.no_grad():
-            x, _ = task.prepare_batch(sub, False, None)
+            x, _ = trainable.prepare_batch(sub, False, None)
             model(x)
 
     out = {}

@@ -110,45 +110,58 @@ def markdown_report(device: DeviceProfile, models: list[ModelProfile], batch_siz
         sheet = device.datasheet_peak.get(precision)
         lines.append(f"| {precision} | {_fmt(flops / 1e9)} | {_fmt(sheet / 1e9) if sheet else '–'} |")
     lines.append("")
-    has_sheet = bool(device.datasheet_peak)
     for model in models:
-        flops_line = (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
-                      f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step.")
-        if not model.flops["train"]:
-            flops_line = ("No matmul, convolution or attention FLOPs (the model gathers and sums table rows): its "
-                          "speed is memory-bound and MFU does not apply; read its samples/s.")
-        lines += [f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "", flops_line, ""]
-        header = ["setting", "train samples/s", "infer samples/s", "train step ms", "train GFLOP/s", "train MFU",
-                  "infer MFU"]
-        if has_sheet:
-            header += ["train MFU (datasheet)", "infer MFU (datasheet)"]
-        header += ["train peak MB", "infer peak MB", "spread (train/infer)", "steps × repeats (train/infer)",
-                   "warm-up s (train)"]
-        lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-        for name, m in model.settings.items():
-            row = [f"`{name}`", _fmt(m["train_samples_per_s"]), _fmt(m["infer_samples_per_s"]),
-                   _fmt(m["train_step_ms"]), _fmt(m["train_achieved_gflop_per_s"]), _fmt(m["train_mfu"], "pct"),
-                   _fmt(m["infer_mfu"], "pct")]
-            if has_sheet:
-                row += [_fmt(m.get("train_mfu_datasheet"), "pct"), _fmt(m.get("infer_mfu_datasheet"), "pct")]
-            row += [_fmt(m["train_peak_memory_mb"]), _fmt(m["infer_peak_memory_mb"]),
-                    f"{_fmt(m['train_spread'], 'pct')} / {_fmt(m['infer_spread'], 'pct')}",
-                    f"{int(m['train_steps'])}×{repeats} / {int(m['infer_steps'])}×{repeats}",
-                    f"{m['train_warmup_s']:.1f}"]
-            lines.append("| " + " | ".join(row) + " |")
-        if model.settings:
-            best = max(model.settings, key=lambda s: model.settings[s]["train_samples_per_s"])
-            base = model.settings.get("fp32")
-            if base and best != "fp32":
-                speedup = model.settings[best]["train_samples_per_s"] / base["train_samples_per_s"]
-                lines += ["", f"Fastest training setting: `{best}`, {speedup:.2f}x the fp32 throughput."]
-        for name, why in model.skipped.items():
-            lines += ["", f"Skipped `{name}`: {why}"]
-        if model.files:
-            traced = f" (one training step, setting `{model.trace_setting}`)" if model.trace_setting else ""
-            lines += ["", "Files" + traced + ": " + ", ".join(f"`{f}`" for f in model.files)]
-        lines.append("")
-    lines += [
+        lines += model_section(model, repeats, has_sheet=bool(device.datasheet_peak))
+    lines += how_to_read(device)
+    return "\n".join(lines) + "\n"
+
+
+def model_section(model: ModelProfile, repeats: int, has_sheet: bool) -> list[str]:
+    """One model's lines: its FLOPs, a row per setting, the fastest setting, what was skipped, the trace files."""
+    flops_line = (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
+                  f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step.")
+    if not model.flops["train"]:
+        flops_line = ("No matmul, convolution or attention FLOPs (the model gathers and sums table rows): its "
+                      "speed is memory-bound and MFU does not apply; read its samples/s.")
+    lines = [f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "", flops_line, ""]
+    header = ["setting", "train samples/s", "infer samples/s", "train step ms", "train GFLOP/s", "train MFU",
+              "infer MFU"]
+    if has_sheet:
+        header += ["train MFU (datasheet)", "infer MFU (datasheet)"]
+    header += ["train peak MB", "infer peak MB", "spread (train/infer)", "steps × repeats (train/infer)",
+               "warm-up s (train)"]
+    lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += [setting_row(name, m, repeats, has_sheet) for name, m in model.settings.items()]
+    if model.settings:
+        best = max(model.settings, key=lambda s: model.settings[s]["train_samples_per_s"])
+        base = model.settings.get("fp32")
+        if base and best != "fp32":
+            speedup = model.settings[best]["train_samples_per_s"] / base["train_samples_per_s"]
+            lines += ["", f"Fastest training setting: `{best}`, {speedup:.2f}x the fp32 throughput."]
+    for name, why in model.skipped.items():
+        lines += ["", f"Skipped `{name}`: {why}"]
+    if model.files:
+        traced = f" (one training step, setting `{model.trace_setting}`)" if model.trace_setting else ""
+        lines += ["", "Files" + traced + ": " + ", ".join(f"`{f}`" for f in model.files)]
+    return lines + [""]
+
+
+def setting_row(name: str, m: dict[str, float], repeats: int, has_sheet: bool) -> str:
+    row = [f"`{name}`", _fmt(m["train_samples_per_s"]), _fmt(m["infer_samples_per_s"]),
+           _fmt(m["train_step_ms"]), _fmt(m["train_achieved_gflop_per_s"]), _fmt(m["train_mfu"], "pct"),
+           _fmt(m["infer_mfu"], "pct")]
+    if has_sheet:
+        row += [_fmt(m.get("train_mfu_datasheet"), "pct"), _fmt(m.get("infer_mfu_datasheet"), "pct")]
+    row += [_fmt(m["train_peak_memory_mb"]), _fmt(m["infer_peak_memory_mb"]),
+            f"{_fmt(m['train_spread'], 'pct')} / {_fmt(m['infer_spread'], 'pct')}",
+            f"{int(m['train_steps'])}×{repeats} / {int(m['infer_steps'])}×{repeats}",
+            f"{m['train_warmup_s']:.1f}"]
+    return "| " + " | ".join(row) + " |"
+
+
+def how_to_read(device: DeviceProfile) -> list[str]:
+    has_sheet = bool(device.datasheet_peak)
+    lines = [
         "## How to read this", "",
         "- MFU = achieved FLOP/s ÷ peak FLOP/s of the setting's precision. Achieved FLOP/s = FLOPs per step "
         "(torch.utils.flop_counter: matmuls, convolutions, attention; the optimizer update is not counted) × "
@@ -159,8 +172,7 @@ def markdown_report(device: DeviceProfile, models: list[ModelProfile], batch_siz
                                    "includes the Python interpreter and the libraries."),
         "- Spread = (max − min) ÷ median of the repeats' throughput: large values mean a noisy (shared) machine.",
     ]
-    lines += [f"- {note}" for note in device.notes]
-    return "\n".join(lines) + "\n"
+    return lines + [f"- {note}" for note in device.notes]
 
 
 def throughput_chart(models: list[ModelProfile], path: Path) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 from trainlab.core.config import TrainParams
 from trainlab.engine.batches import Batch
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import synchronize
 from trainlab.core.runtime import Runtime, cpu_supports_bf16
@@ -66,19 +66,19 @@ class Steps:
     cuda_graph: bool = False  # the training step is a CUDA graph
 
 
-def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, seed: int = 0,
+def make_steps(trainable: Trainable, runtime: Runtime, batch: Batch, cfg: TrainParams, seed: int = 0,
                cuda_graphs: bool | str = "auto") -> Steps:
-    """The engine's own training step (trainlab.engine.step.TrainStep: augmentation when the task trains with it,
+    """The engine's own training step (trainlab.engine.step.TrainStep: augmentation when the trainable trains with it,
     forward and loss under autocast, backward, clipping, the optimizer, a CUDA graph where `cuda_graphs` allows)
     on a copy of the model, and the evaluation step (prepare, forward under autocast, no grad).
-    `task.model` is untouched."""
+    `trainable.model` is untouched."""
     device = runtime.device
-    model, head = copy.deepcopy((task.model, task.head))  # one deepcopy keeps `head` a submodule of `model`
+    model, head = copy.deepcopy((trainable.model, trainable.head))  # one deepcopy keeps `head` a submodule of `model`
     model = model.to(device)
-    if task.conv and runtime.channels_last:
+    if trainable.conv and runtime.channels_last:
         model = model.to(memory_format=torch.channels_last)
     forward = torch.compile(model) if runtime.compile else model
-    copied = dataclasses.replace(task, model=model, head=head)
+    copied = dataclasses.replace(trainable, model=model, head=head)
     graphs, _ = graphs_plan(cuda_graphs, runtime, cfg)
     step = TrainStep(copied, model, cfg, runtime, total_updates=10**9, seed=seed, forward=forward, graphs=graphs)
     no_grad = torch.no_grad if runtime.compile else torch.inference_mode
@@ -92,8 +92,8 @@ def make_steps(task: Task, runtime: Runtime, batch: Batch, cfg: TrainParams, see
         if model.training:
             model.eval()
         with no_grad():
-            x, _ = task.prepare_batch(batch, False, None)
-            x = to_device_layout(x, task, runtime)
+            x, _ = trainable.prepare_batch(batch, False, None)
+            x = to_device_layout(x, trainable, runtime)
             with runtime.autocast():
                 forward(x)
 
@@ -158,8 +158,8 @@ def _summary(prefix: str, timing: Timing, batch_size: int, peak_mb: float) -> di
 def measure_steps(built: Steps, device: torch.device, batch_size: int, steps: int, warmup: int, repeats: int,
                   budget_s: float | None = None) -> dict[str, float]:
     """Train and inference samples/s (medians over `repeats` runs of `steps` steps, warm-up excluded), step
-    times, spread and peak memory of the steps `built` (make_steps: a copy of the task's model). `budget_s` caps the
-    seconds of each of the two measurements (see time_step). Keys: train_/infer_ + samples_per_s, step_ms, spread,
+    times, spread and peak memory of the steps `built` (make_steps: a copy of the trainable's model). `budget_s` caps
+    the seconds of each of the two measurements (see time_step). Keys: train_/infer_ + samples_per_s, step_ms, spread,
     steps (timed per repeat), warmup_steps, warmup_s, peak_memory_mb."""
     result: dict[str, float] = {}
     for phase, step in (("train", built.train), ("infer", built.infer)):

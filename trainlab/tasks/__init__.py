@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from trainlab.tasks.base import TaskCode
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,7 @@ class TaskSpec:
     def stage(self) -> str:
         return f"train_{self.name}"
 
-    def load(self) -> TaskCode:
+    def load(self) -> Any:  # a trainlab.tasks.base.TaskCode, which builds on this registry: not named here
         """The task's code (imported now: torch and the model code load with it)."""
         return importlib.import_module(self.code).CODE
 

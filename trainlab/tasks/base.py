@@ -12,12 +12,13 @@ import torch
 from torch import nn
 
 from trainlab.core.errors import CheckpointError, DataError
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
+from trainlab.tasks import TaskSpec, get
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params, TrainParams
     from trainlab.core.runtime import Runtime
-    from trainlab.tasks import TaskSpec
+    from trainlab.engine.loop import FitResult
     from trainlab.tasks.scoring import TaskInputs, TaskReport
 
 
@@ -44,8 +45,6 @@ class TaskCode:
 
     @property
     def spec(self) -> TaskSpec:
-        from trainlab.tasks import get
-
         return get(self.spec_name)
 
     # building --------------------------------------------------------------------------------------------------
@@ -56,18 +55,18 @@ class TaskCode:
     def build_model(self, cfg: TrainParams, meta: dict) -> nn.Module:
         return self.builder(cfg, **self.sizes(meta))
 
-    def make_task(self, model: nn.Module, meta: dict, cfg: TrainParams | None = None) -> Task:
-        """The engine Task around `model`; `cfg` None: the task as evaluation uses it (no training options)."""
+    def make_trainable(self, model: nn.Module, meta: dict, cfg: TrainParams | None = None) -> Trainable:
+        """The engine Trainable around `model`; `cfg` None: the task as evaluation uses it (no training options)."""
         raise NotImplementedError
 
-    def build_task(self, cfg: TrainParams, meta: dict, train: dict[str, torch.Tensor] | None = None,
-                   data_dir: Path | None = None) -> Task:
-        """The Task around a new model; with `train` (the training split) and the prepared folder it came from, the
+    def build_trainable(self, cfg: TrainParams, meta: dict, train: dict[str, torch.Tensor] | None = None,
+                   data_dir: Path | None = None) -> Trainable:
+        """The Trainable around a new model; with `train` (the training split) and the prepared folder it came from, the
         model's data statistics are set from them (`fit_statistics`)."""
         model = self.build_model(cfg, meta)
         if train is not None:
             self.fit_statistics(model, train, data_dir)
-        return self.make_task(model, meta, cfg)
+        return self.make_trainable(model, meta, cfg)
 
     def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
         """Set what a model computes from the training split (and the files prepared with it, such as a
@@ -106,6 +105,12 @@ class TaskCode:
     def training_extras(self, params: Params, data_dir: Path, meta: dict, options: dict[str, Any]) -> TrainingExtras:
         """Extra outputs of training; `options`: the task's own stage options (stages/train_<task>.py)."""
         return TrainingExtras()
+
+    def choose_model(self, task: Trainable, result: FitResult) -> tuple[Trainable, dict[str, Any]]:
+        """After fit, before the test: where the model trained candidates side by side (the text bag's weight
+        decays), `result.model` becomes the one the validation split chose; the task around the model kept and what
+        was chosen (info.json, MLflow params), an empty record where nothing was."""
+        return task, {}
 
     # evaluating ------------------------------------------------------------------------------------------------
     def tta(self, meta: dict) -> str:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab.core.config import ClassifierParams
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.models.classifier import build_classifier
 from trainlab.tasks.augment import random_hflip, random_resized_crop, random_shift, to_float_images
 from trainlab.tasks.base import TaskCode
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 FEATURE_CHANNELS = 4  # channels shown per feature-map layer
 
 
-def classification_task(model: nn.Module, num_classes: int, label_smoothing: float = 0.0, augment: bool = True,
+def classification_trainable(model: nn.Module, num_classes: int, label_smoothing: float = 0.0, augment: bool = True,
                         hflip: bool = False, head: nn.Module | None = None, head_lr: float | None = None,
-                        photo: bool = False) -> Task:
+                        photo: bool = False) -> Trainable:
     """`photo`: augment as torchvision's references do for photos (random resized crop, flips where `hflip`); else
     2-pixel shifts (and flips where `hflip`), for small fixed-size images such as digits."""
     def prepare(batch, train, gen):
@@ -45,7 +45,7 @@ def classification_task(model: nn.Module, num_classes: int, label_smoothing: flo
     def metrics():
         return metric_collection(num_classes, "accuracy", "macro_f1")
 
-    return Task("classifier", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=True,
+    return Trainable("classifier", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=True,
                 head=head, head_lr=head_lr)
 
 
@@ -85,11 +85,11 @@ class ClassifierCode(TaskCode):
     builder = staticmethod(build_classifier)
     pictures = {"misclassified": "misclassified.png", "feature_maps": "feature_maps.png"}
 
-    def make_task(self, model: nn.Module, meta: dict, cfg: ClassifierParams | None = None) -> Task:
+    def make_trainable(self, model: nn.Module, meta: dict, cfg: ClassifierParams | None = None) -> Trainable:
         if cfg is None:
-            return classification_task(model, meta["num_classes"])
+            return classification_trainable(model, meta["num_classes"])
         head = model.head if cfg.head_lr is not None else None
-        return classification_task(model, meta["num_classes"], cfg.label_smoothing, cfg.augment,
+        return classification_trainable(model, meta["num_classes"], cfg.label_smoothing, cfg.augment,
                                    hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr,
                                    photo=meta.get("augment") == "photo")
 

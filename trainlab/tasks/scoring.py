@@ -12,11 +12,11 @@ from torch import nn
 
 from trainlab.core.runtime import Runtime
 from trainlab.engine.metrics import update_in_chunks
+from trainlab.tasks import get
 from trainlab.tasks.metrics import class_metric_keys
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params
-    from trainlab.tasks.base import TaskCode
 
 FEW_EXAMPLES = 4  # segmentation overlays, attention maps and feature maps show at most this many test samples
 
@@ -36,9 +36,7 @@ class TaskInputs:
     extra: dict[str, Any] = field(default_factory=dict)  # TaskCode.load_extras: a tokenizer vocab, a baseline
 
     @property
-    def code(self) -> TaskCode:
-        from trainlab.tasks import get
-
+    def code(self):  # -> trainlab.tasks.base.TaskCode: unnamed here, base builds on this module (no import circle)
         return get(self.name).load()
 
 
@@ -75,7 +73,7 @@ def run_test_split(inputs: TaskInputs, runtime: Runtime, batch_size: int, tta: b
     from trainlab.engine.batches import make_batches
 
     code, n_classes = inputs.code, inputs.config["num_classes"]
-    dense, task = code.dense, code.make_task(inputs.model, inputs.meta)
+    dense, task = code.dense, code.make_trainable(inputs.model, inputs.meta)
     metrics = code.eval_metrics(n_classes).to(runtime.device)
     batches = make_batches(inputs.test, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
                            max_device_mb=max_device_mb)

@@ -11,7 +11,7 @@ from torch import nn
 
 from trainlab.core.config import SegmenterParams
 from trainlab.core.errors import DataError
-from trainlab.engine.contract import Task
+from trainlab.engine.contract import Trainable
 from trainlab.models.segmenter import build_segmenter
 from trainlab.tasks.augment import random_crop, random_shift, random_symmetry, to_float_images
 from trainlab.tasks.base import TaskCode
@@ -34,9 +34,9 @@ def soft_dice_loss(logits: torch.Tensor, masks: torch.Tensor, eps: float = 1.0) 
     return 1 - ((2 * inter + eps) / (total + eps)).mean()
 
 
-def segmentation_task(model: nn.Module, num_classes: int, dice_weight: float = 0.5, augment: bool = True,
+def segmentation_trainable(model: nn.Module, num_classes: int, dice_weight: float = 0.5, augment: bool = True,
                       label_smoothing: float = 0.0, crop_size: int | None = None, symmetries: str = "none",
-                      class_names: list[str] | None = None) -> Task:
+                      class_names: list[str] | None = None) -> Trainable:
     """Training batches: random `crop_size` crops (when set, even without augment), then with augment a shift of up
     to 4 pixels and the data's `symmetries`.
     Val/test batches: whole images. Metrics: mean IoU, pixel accuracy, mean Dice and per-class IoU and Dice."""
@@ -59,7 +59,7 @@ def segmentation_task(model: nn.Module, num_classes: int, dice_weight: float = 0
         return metric_collection(num_classes, "mean_iou", "pixel_accuracy", "mean_dice", "iou", "dice",
                                  class_names=class_names)
 
-    return Task("segmenter", model, loss_fn, metrics, prepare, primary_metric="mean_iou", conv=True)
+    return Trainable("segmenter", model, loss_fn, metrics, prepare, primary_metric="mean_iou", conv=True)
 
 
 
@@ -72,10 +72,10 @@ class SegmenterCode(TaskCode):
     confusion = False
     dense = True
 
-    def make_task(self, model: nn.Module, meta: dict, cfg: SegmenterParams | None = None) -> Task:
+    def make_trainable(self, model: nn.Module, meta: dict, cfg: SegmenterParams | None = None) -> Trainable:
         if cfg is None:
-            return segmentation_task(model, meta["num_classes"])
-        return segmentation_task(model, meta["num_classes"], cfg.dice_weight, cfg.augment, cfg.label_smoothing,
+            return segmentation_trainable(model, meta["num_classes"])
+        return segmentation_trainable(model, meta["num_classes"], cfg.dice_weight, cfg.augment, cfg.label_smoothing,
                                  cfg.crop_size, meta.get("symmetries", "none"), meta.get("class_names"))
 
     def check_inputs(self, x: torch.Tensor, y: torch.Tensor, meta: dict, path: Path, meta_file: Path) -> None:

@@ -1,6 +1,8 @@
-"""The MLflow adapter, one module per concern: uri (which store), runs (opening a stage's run), tracker (logging
-to it), lineage (data hashes, dataset inputs), secrets (masking), retry (SQLite locks), queue and spool (an
-outage of the server), replay (logging what was spooled)."""
+"""The MLflow adapter, one module per concern: uri (which store), runs (planning and opening a stage's run), tracker
+(logging to it), lineage (data hashes, dataset inputs), secrets (masking), retry (SQLite locks), outage (an error:
+no answer, or a refusal), queue and spool (training through an outage of the server), replay (logging what was
+spooled). Only MLflow talk: nothing here writes a stage's outputs (trainlab.jobs.outputs does), and it reaches
+training only through the Tracker's `failed` event (trainlab.engine.contract), so no stage has it as a DVC dep."""
 
 import os
 

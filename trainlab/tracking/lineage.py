@@ -8,14 +8,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
-
-
-if TYPE_CHECKING:
-
-    pass
 
 
 LOCK_FILE = "dvc.lock"
@@ -62,7 +57,6 @@ def _entry_hash(entry: dict) -> str:
     return ""
 
 
-
 @dataclass(frozen=True)
 class DataInput:
     """A data split a run reads, logged as an MLflow dataset input: its name, source path, and context
@@ -107,10 +101,17 @@ def file_md5(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def dataset_inputs(inputs: Sequence[DataInput]) -> list[Any]:
+def dataset_records(inputs: Sequence[DataInput]) -> list[dict[str, str]]:
+    """What MLflow records of each split a run reads (name, md5 digest, source, context), worked out now: plain data
+    that a run opened later (after an outage, from a spool) logs as it was when the stage read it."""
+    return [{"name": i.name, "digest": split_md5(i.path), "source": json.dumps({"uri": i.path}), "context": i.context}
+            for i in inputs]
+
+
+def dataset_inputs(records: Sequence[dict[str, str]]) -> list[Any]:
+    """`dataset_records` as MLflow dataset inputs (local sources, with their training/validation/test context)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    return [DatasetInput(Dataset(name=i.name, digest=split_md5(i.path), source_type="local",
-                                 source=json.dumps({"uri": i.path})),
-                         tags=[InputTag(MLFLOW_DATASET_CONTEXT, i.context)]) for i in inputs]
+    return [DatasetInput(Dataset(name=r["name"], digest=r["digest"], source_type="local", source=r["source"]),
+                         tags=[InputTag(MLFLOW_DATASET_CONTEXT, r["context"])]) for r in records]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainlab.core.cli import command_parser, run_cli
+from trainlab.core.config import load_params
 from trainlab.core.errors import TrackingUnavailable
+from trainlab.tracking.spool import SPOOL_ROOT, pending_spools, replay
+from trainlab.tracking.uri import configure_http
 
 
 def main(argv: list[str]) -> int:
-    from trainlab.tracking.spool import SPOOL_ROOT, pending_spools, replay
-    from trainlab.tracking.queue import configure_http
-
     parser = command_parser(prog="python -m trainlab.tracking.replay", description=__doc__)
     parser.add_argument("spool_dir", nargs="?", type=Path, default=SPOOL_ROOT,
                         help=f"where the stages spooled their calls (default: {SPOOL_ROOT})")
@@ -19,8 +19,6 @@ def main(argv: list[str]) -> int:
                         help="params.yaml whose tracking.request_timeout_s / request_retries bound each request")
     args = parser.parse_args(argv)
     if args.params.is_file():
-        from trainlab.core.config import load_params
-
         tracking = load_params(args.params).tracking
         configure_http(tracking.request_timeout_s, tracking.request_retries)
     else:

@@ -5,13 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
-
-
-
-if TYPE_CHECKING:
-
-    pass
+from typing import Any, TypeVar
 
 
 _LOCKED_MARKER = "database is locked"

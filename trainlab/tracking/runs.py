@@ -1,28 +1,27 @@
-"""Opening a stage's MLflow run: experiment, name, tags, parent, datasets; in the background while training starts."""
+"""Opening a stage's MLflow run: the plan (experiment, name, tags, parent, datasets, environment), worked out locally,
+and the opening itself, the only part that talks to the server; `start_run` does both and ends the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
-from trainlab.core.flatten import stringify
 from trainlab.core.atomic import process_lock
 from trainlab.core.errors import TrackingUnavailable
-from trainlab.tracking.lineage import DataInput, data_hash, dataset_inputs
+from trainlab.core.flatten import stringify
+from trainlab.tracking.lineage import DataInput, data_hash, dataset_inputs, dataset_records
 from trainlab.tracking.retry import retry
 from trainlab.tracking.secrets import redact, redact_value
 from trainlab.tracking.tracker import MlflowTracker, NullTracker
-from trainlab.tracking.uri import artifact_location, mlflow_client, resolve_tracking_uri, sqlite_path
+from trainlab.tracking.uri import artifact_location, configure_http, mlflow_client, resolve_tracking_uri, sqlite_path
 
 if TYPE_CHECKING:
-
     from trainlab.core.config import Params
 
 
@@ -30,6 +29,7 @@ PARENT_RUN_ENV = "TRAINLAB_PARENT_RUN_ID"
 DVC_EXP_NAME_ENV = "DVC_EXP_NAME"  # set by `dvc exp run`, and by the flows for their experiments and sweep points
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+OPEN_ID_TAG = "trainlab.open_id"  # one per planned run: opening it again (after an outage, from a spool) finds it
 
 
 def default_run_name(stage: str, git: Mapping[str, str]) -> str:
@@ -43,11 +43,86 @@ def default_run_name(stage: str, git: Mapping[str, str]) -> str:
     return f"{stage} {short}" + ("-dirty" if git.get("git_dirty") == "true" else "")
 
 
+@dataclass
+class RunPlan:
+    """Everything a stage's run is opened with, worked out without the server: plain data, so that a spool can keep
+    it when the server was away the whole stage, and its replay opens the run as the stage would have."""
+
+    tracking_uri: str
+    experiment: str
+    run_name: str
+    tags: dict[str, str]
+    parent_run_id: str | None = None
+    datasets: list[dict[str, str]] = dataclasses.field(default_factory=list)  # lineage.dataset_records
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)  # logged as environment.json
+    register_models: bool = True
+    open_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunPlan:
+        return cls(**data)
+
+
+def plan_run(params: Params, stage: str, uri: str, run_name: str | None = None, parent_run_id: str | None = None,
+             tags: Mapping[str, Any] | None = None, device: str | None = None,
+             datasets: Sequence[DataInput] = ()) -> RunPlan:
+    """The plan of a stage's run in the store at `uri` (see `start_run`); reads files and git, not the server."""
+    run_tags = _run_tags(params, stage, device)
+    run_tags.update({str(k): redact_value(str(k), stringify(v)) for k, v in (tags or {}).items()})
+    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV, "").strip() or None
+    plan = RunPlan(uri, params.tracking.experiment, run_name or default_run_name(stage, run_tags), run_tags, parent,
+                   dataset_records(datasets), _environment(device_tag=run_tags.get("device")),
+                   params.tracking.register_models)
+    plan.tags[OPEN_ID_TAG] = plan.open_id
+    return plan
+
+
+def open_run(plan: RunPlan, find_first: bool = False) -> MlflowTracker:
+    """Open the planned run: the experiment (made if needed), the run with its parent, dataset inputs and environment
+    record. `find_first`: an earlier try may have created it before its answer was lost; take that one if so.
+    A server that does not answer raises what MLflow raised (trainlab.tracking.outage.is_outage says which)."""
+    db = sqlite_path(plan.tracking_uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    # MLflow 3.17's SQLAlchemy stores create and migrate a fresh DB without a lock (the client does it on
+    # construction), so processes starting together on a new mlflow.db break each other's migration:
+    # serialise the first touch and the experiment's get-or-create across processes.
+    with process_lock(f"mlflow-init:{db}") if db is not None else nullcontext():
+        client = mlflow_client(plan.tracking_uri)
+        experiment_id = _ensure_experiment(client, plan.experiment,
+                                           artifact_location(plan.tracking_uri, plan.experiment))
+    run_id = _planned_run(client, experiment_id, plan.open_id) if find_first else None
+    if run_id is None:
+        tags = dict(plan.tags)
+        if plan.parent_run_id:
+            if _run_exists(client, plan.parent_run_id):
+                tags["mlflow.parentRunId"] = plan.parent_run_id
+            else:
+                print(f"warning: parent run {plan.parent_run_id} not found in {redact(plan.tracking_uri)}; not "
+                      "nesting this run", file=sys.stderr)
+        run_id = retry(client.create_run, experiment_id, tags=tags, run_name=plan.run_name).info.run_id
+    if plan.datasets:
+        retry(client.log_inputs, run_id, datasets=dataset_inputs(plan.datasets))
+    tracker = MlflowTracker(client, run_id, experiment_id, plan.tracking_uri, plan.register_models)
+    tracker.log_dict(plan.environment, "environment.json")
+    return tracker
+
+
+def _planned_run(client: Any, experiment_id: str, open_id: str) -> str | None:
+    runs = retry(client.search_runs, [experiment_id], filter_string=f"tags.`{OPEN_ID_TAG}` = '{open_id}'",
+                 max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
 @contextmanager
 def start_run(params: Params, stage: str, run_name: str | None = None, parent_run_id: str | None = None,
               tags: Mapping[str, Any] | None = None, device: str | None = None,
               datasets: Sequence[DataInput] = ()) -> Iterator[MlflowTracker | NullTracker]:
-    """One MLflow run for a stage; yields a tracker. The run ends FAILED if the body raises, else FINISHED.
+    """One MLflow run for a stage, opened now; yields its tracker. The run ends FAILED if the body raises (KILLED on
+    Ctrl-C), else FINISHED.
 
     With ``tracking.enabled`` false, yields a NullTracker and touches nothing. ``parent_run_id`` (or
     ``$TRAINLAB_PARENT_RUN_ID``) nests the run. Tags: git_commit, git_dirty, stage, params_hash, data_hash,
@@ -58,117 +133,30 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
     if not params.tracking.enabled:
         yield NullTracker()
         return
-
     uri = resolve_tracking_uri(params, check=True)  # probes http(s) servers before importing mlflow
-    from trainlab.tracking.queue import configure_http
     configure_http(params.tracking.request_timeout_s, params.tracking.request_retries)
-
-    from mlflow.entities import RunStatus
-
-    db = sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    # MLflow 3.17's SQLAlchemy stores create and migrate a fresh DB without a lock (the client does it on
-    # construction), so processes starting together on a new mlflow.db break each other's migration:
-    # serialise the first touch and the experiment's get-or-create across processes.
-    with process_lock(f"mlflow-init:{db}") if db is not None else nullcontext():
-        client = mlflow_client(uri)
-        experiment_id = _ensure_experiment(client, params.tracking.experiment,
-                                           artifact_location(uri, params.tracking.experiment))
-
-    run_tags = _run_tags(params, stage, device)
-    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV, "").strip() or None
-    if parent:
-        if _run_exists(client, parent):
-            run_tags["mlflow.parentRunId"] = parent
-        else:
-            print(f"warning: parent run {parent} not found in {redact(uri)}; not nesting this run", file=sys.stderr)
-    run_tags.update({str(k): redact_value(str(k), stringify(v)) for k, v in (tags or {}).items()})
-    run_name = run_name or default_run_name(stage, run_tags)
-    run = retry(client.create_run, experiment_id, tags=run_tags, run_name=run_name)
-    if datasets:
-        retry(client.log_inputs, run.info.run_id, datasets=dataset_inputs(datasets))
-    tracker = MlflowTracker(client, run.info.run_id, experiment_id, uri, params.tracking.register_models)
-
-    status, body_raised = RunStatus.to_string(RunStatus.FINISHED), False
+    tracker = open_run(plan_run(params, stage, uri, run_name, parent_run_id, tags, device, datasets))
+    status, body_raised = "FINISHED", False
     try:
-        tracker.log_dict(_environment(device_tag=run_tags.get("device")), "environment.json")
         yield tracker
     except BaseException as exc:
         body_raised = True
-        if isinstance(exc, KeyboardInterrupt):
-            status = RunStatus.to_string(RunStatus.KILLED)
-        elif not (isinstance(exc, SystemExit) and exc.code in (None, 0)):
-            status = RunStatus.to_string(RunStatus.FAILED)
+        status = run_status(exc)
         raise
     finally:
         try:
-            if not tracker.end_deferred:
-                retry(client.set_terminated, tracker.run_id, status)
+            tracker.end(status)
         except Exception as exc:
             if not body_raised:
                 raise
             print(f"warning: could not mark MLflow run {tracker.run_id} {status}: {exc}", file=sys.stderr)
 
 
-class PendingTracker:
-    """The tracker of a run that `start_run_in_background` is opening on a thread.
-
-    Logging calls made before the run is open are queued and replayed, in order, by the first call after it is;
-    anything else (``run_id``, ``log_model``, ...) waits for it. If opening fails, ``failed`` is set and every later
-    call raises the error opening raised."""
-
-    _QUEUEABLE = frozenset({"log_params", "log_metrics", "set_tags", "log_dict", "log_text"})
-
-    def __init__(self, opening: Future) -> None:
-        self._opening = opening
-        self._queued: list[tuple[str, tuple, dict]] = []
-        self.failed = threading.Event()
-        opening.add_done_callback(lambda f: self.failed.set() if f.exception() is not None else None)
-
-    def wait(self) -> MlflowTracker:
-        """The open run's tracker, once every queued call has been made on it; raises what opening raised."""
-        tracker = self._opening.result()
-        while self._queued:
-            name, args, kwargs = self._queued.pop(0)
-            getattr(tracker, name)(*args, **kwargs)
-        return tracker
-
-    def opening_error(self) -> BaseException | None:
-        """What opening the run raised (None if it opened), once opening has finished."""
-        return self._opening.exception()
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in self._QUEUEABLE:
-            return getattr(self.wait(), name)
-
-        def call(*args: Any, **kwargs: Any) -> None:
-            if self._opening.done():
-                getattr(self.wait(), name)(*args, **kwargs)
-            else:
-                self._queued.append((name, args, kwargs))
-
-        return call
-
-
-@contextmanager
-def start_run_in_background(params: Params, stage: str, spool_key: str | None = None,
-                            outputs: tuple[Path, ...] = (), **kwargs: Any) -> Iterator[PendingTracker | NullTracker]:
-    """`start_run` on a thread, so that importing MLflow and opening its store (about 1.5 s on a 2-core CPU) overlap
-    the caller's work instead of delaying it: a training stage's first step comes that much sooner. Every logging
-    call goes through a bounded queue to a background thread (`trainlab.tracking.queue.QueuedTracker`), so training
-    never waits on the server; a server that went away and is not back `tracking.outage_grace_s` after the body ends
-    gets the calls left spooled under `spool_key` with copies of `outputs`, and TrackingOutage (exit 6).
-
-    The caller should pass the tracker's ``failed`` event to `fit(stop=...)`, so training stops at its next step
-    (with a checkpoint to resume from) if the run cannot be opened; that error is then what this raises."""
-    if not params.tracking.enabled:
-        yield NullTracker()
-        return
-    from trainlab.tracking.queue import queued_run
-
-    with queued_run(start_run(params, stage, **kwargs), params.tracking, stage, spool_key, outputs) as tracker:
-        yield tracker
+def run_status(exc: BaseException | None) -> str:
+    """How a run ends when its stage's body ended with `exc` (None: it returned)."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
+        return "FINISHED"
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
 
 
 def _ensure_experiment(client: Any, name: str, artifact_location: str | None) -> str:

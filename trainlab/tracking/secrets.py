@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-
-
-if TYPE_CHECKING:
-
-    pass
+from typing import Any
 
 
 # Secrets: credentials come from the environment (MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY, ...) and are

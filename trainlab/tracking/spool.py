@@ -1,25 +1,33 @@
-"""The local spool of a stage whose MLflow server went away: the calls not yet made, and a copy of its outputs.
+"""The local spool of a stage whose MLflow server went away: the calls not yet made, kept to be made later.
 
 `.trainlab/spool/<stage>-<key>/` (outside every stage's outs: DVC removes those before it reruns a stage; ignored by
-git and DVC) holds run.json (tracking URI, run, outputs), calls.jsonl (in order), files/ (artifacts, the model),
-outputs/ (copies of the stage's output folders) and done.txt (the last call made). Replaying makes the calls left,
-each at most once in effect: metrics keep their timestamps (MLflow keeps one row per key, step, time and value),
-params and tags are set to the same values, artifacts overwrite themselves, and a model is logged and registered
-only if the run has no such model or version yet.
+git and DVC) holds run.json (tracking URI, the run, or the plan of a run the server never let open), calls.jsonl (in
+order), files/ (artifacts, the model) and done.txt (the last call made); the stage's own outputs/ beside them are
+trainlab.jobs.outputs' business. Replaying opens a planned run (once: an earlier try's run is found by its plan's id)
+and makes the calls left, each at most once in effect: metrics keep their timestamps (MLflow keeps one row per key,
+step, time and value), params and tags are set to the same values, artifacts overwrite themselves, and a model is
+logged and registered only if the run has no such model or version yet.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainlab.core.atomic import atomic_dir, atomic_path, write_text
+from trainlab.core.atomic import atomic_dir, write_json, write_text
 from trainlab.core.errors import TrackingUnavailable
-from trainlab.tracking.queue import Call, is_outage
+from trainlab.tracking.outage import first_line, is_outage, refusal
+from trainlab.tracking.retry import retry
+from trainlab.tracking.runs import RunPlan, open_run
+from trainlab.tracking.secrets import redact
+from trainlab.tracking.tracker import MlflowTracker, exportable
+from trainlab.tracking.uri import _probe_health, mlflow_client
 
 SPOOL_ROOT = Path(".trainlab") / "spool"
 SPOOLED_MODEL = "model"  # files/<seq>/model/: the model folder a raw-input (pyfunc) model is logged from
@@ -31,14 +39,21 @@ def spool_folder(stage: str, key: str, root: Path = SPOOL_ROOT) -> Path:
     return Path(root) / f"{stage}-{key}"
 
 
+@dataclass
+class Call:
+    """One tracking call: a Tracker method name and its keyword arguments, numbered in the order it was made."""
+
+    seq: int
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Making a call (live from the queue, or replayed from the spool)
 
 
 def execute(tracker: Any, call: Call) -> None:
     """Make `call` on an MlflowTracker, idempotently."""
-    from trainlab.tracking.retry import retry
-
     kw = call.kwargs
     if call.name == "log_metrics":
         tracker.log_metrics(kw["metrics"], step=kw["step"], timestamp_ms=kw["timestamp_ms"])
@@ -58,7 +73,7 @@ def execute(tracker: Any, call: Call) -> None:
         raw = read_raw_example(folder / RAW_EXAMPLE) if (folder / RAW_EXAMPLE).is_file() else None
         log_model_once(tracker, model, kw["name"], example, kw["registered_model_name"], model_dir, raw)
     elif call.name == "end_run":
-        retry(tracker._client.set_terminated, tracker.run_id, kw["status"])
+        tracker.end(kw["status"])
     else:
         getattr(tracker, call.name)(**kw)
 
@@ -67,8 +82,6 @@ def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered
                    model_dir: str | Path | None = None, raw_example: dict[str, list[Any]] | None = None) -> None:
     """Log `model` under `name` unless the run already has a READY model of that name (a half-logged one is
     deleted first); register it unless the registered model already has a version from this run."""
-    from trainlab.tracking.retry import retry
-
     client = tracker._client
     found = retry(client.search_logged_models, experiment_ids=[tracker.experiment_id],
                    filter_string=f"source_run_id = '{tracker.run_id}' AND name = '{name}'")
@@ -97,20 +110,16 @@ def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered
 # Writing and reading a spool
 
 
-def write_spool(folder: Path, run: dict[str, Any], calls: Iterable[Call], outputs: Iterable[Path]) -> Path:
-    """Spool `calls` (files and models copied in) and copies of `outputs` into `folder`, replacing it whole."""
-    outputs = [Path(p) for p in outputs]
+def write_spool(folder: Path, run: dict[str, Any], calls: Iterable[Call],
+                keep_outputs: Callable[[Path], None] | None = None) -> Path:
+    """Spool `calls` (files and models copied in) into `folder`, replacing it whole; `keep_outputs(folder)` adds the
+    stage's outputs to the same atomic write (trainlab.jobs.outputs)."""
     with atomic_dir(folder) as tmp:
         records = [_serialise(call, tmp) for call in calls]
-        copies = {}
-        for i, out in enumerate(outputs):
-            if out.exists():
-                dst = tmp / "outputs" / str(i)
-                shutil.copytree(out, dst) if out.is_dir() else (dst.parent.mkdir(parents=True, exist_ok=True),
-                                                                 shutil.copy2(out, dst))
-                copies[str(out)] = f"outputs/{i}"
+        if keep_outputs is not None:
+            keep_outputs(tmp)
         (tmp / "calls.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-        (tmp / "run.json").write_text(json.dumps({**run, "outputs": copies, "spooled_at": time.time()}, indent=2))
+        (tmp / "run.json").write_text(json.dumps({**run, "spooled_at": time.time()}, indent=2))
         (tmp / "done.txt").write_text("0\n")
     return folder
 
@@ -133,9 +142,7 @@ def _serialise(call: Call, root: Path) -> dict[str, Any]:
     elif call.name == "log_model":
         from safetensors.torch import save_file
 
-        from trainlab.tracking.tracker import _exportable
-
-        model, restore = _exportable(kw["model"])
+        model, restore = exportable(kw["model"])
         try:
             files.mkdir(parents=True)
             save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
@@ -155,16 +162,12 @@ def _serialise(call: Call, root: Path) -> dict[str, Any]:
 
 
 def write_raw_example(path: Path, example: dict[str, list[Any]]) -> None:
-    import base64
-
     columns = {name: [{"base64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v for v in values]
                for name, values in example.items()}
     path.write_text(json.dumps(columns))
 
 
 def read_raw_example(path: Path) -> dict[str, list[Any]]:
-    import base64
-
     columns = json.loads(path.read_text())
     return {name: [base64.b64decode(v["base64"]) if isinstance(v, dict) else v for v in values]
             for name, values in columns.items()}
@@ -209,12 +212,9 @@ def pending_spools(root: Path = SPOOL_ROOT) -> list[Path]:
 
 
 def replay(folder: Path) -> tuple[str, int]:
-    """Make the spooled calls left, in order, recording each as done; mark the spool logged. Returns (run id, calls
-    made). Raises TrackingUnavailable (exit 6) when the server still does not answer: what is left stays spooled."""
-    from trainlab.tracking.secrets import redact
-    from trainlab.tracking.tracker import MlflowTracker
-    from trainlab.tracking.uri import _probe_health, mlflow_client
-
+    """Open the spooled run if the server never let the stage open it, make the calls left, in order, recording each
+    as done; mark the spool logged. Returns (run id, calls made). Raises TrackingUnavailable (exit 6) when the server
+    still does not answer (what is left stays spooled) or refuses."""
     run = read_run(folder)
     calls = read_calls(folder)
     uri = run["tracking_uri"]
@@ -222,57 +222,46 @@ def replay(folder: Path) -> tuple[str, int]:
         reason = _probe_health(uri, 10)
         if reason is not None:
             raise TrackingUnavailable(
-                f"MLflow server {redact(uri)} is still unreachable ({reason}); {len(calls)} tracking calls of run "
-                f"{run['run_id']} stay in {folder}: replay them with `python -m trainlab.tracking.replay` once it is back")
-    tracker = MlflowTracker(mlflow_client(uri), run["run_id"], run["experiment_id"], uri, run["register_models"])
-    tracker.end_deferred = True
+                f"MLflow server {redact(uri)} is still unreachable ({reason}); {len(calls)} tracking calls of "
+                f"{_which_run(run)} stay in {folder}: replay them with `python -m trainlab.tracking.replay` once it "
+                "is back")
+    tracker = _spooled_run(folder, run, len(calls))
     for made, call in enumerate(calls):
         try:
             execute(tracker, call)
         except Exception as exc:
             if not is_outage(exc):
                 raise
-            raise TrackingUnavailable(
-                f"MLflow server {redact(uri)} stopped answering during the replay ({_first_line(exc)}); "
-                f"{len(calls) - made} tracking calls of run {run['run_id']} stay in {folder}: replay them with "
-                "`python -m trainlab.tracking.replay` once it is back") from None
+            raise _still_away(uri, exc, len(calls) - made, run, folder) from None
         write_text(folder / "done.txt", f"{call.seq}\n")
     write_text(folder / LOGGED, "")
-    return run["run_id"], len(calls)
+    return tracker.run_id, len(calls)
 
 
-def restore_outputs(folder: Path, targets: list[Path]) -> None:
-    """Put the spooled copies of the stage's outputs at `targets` (in the order they were spooled), atomically."""
-    run = read_run(folder)
-    for i, target in enumerate(targets):
-        src = folder / "outputs" / str(i)
-        if f"outputs/{i}" not in run["outputs"].values():
-            continue
-        if src.is_dir():
-            with atomic_dir(target) as tmp:
-                shutil.copytree(src, tmp, dirs_exist_ok=True)
-        else:
-            with atomic_path(target) as tmp:
-                shutil.copy2(src, tmp)
+def _spooled_run(folder: Path, run: dict[str, Any], left: int) -> MlflowTracker:
+    """The spool's run: opened from its plan (and recorded in run.json) when the stage never got it open."""
+    uri = run["tracking_uri"]
+    if run.get("run_id"):
+        return MlflowTracker(mlflow_client(uri), run["run_id"], run["experiment_id"], uri, run["register_models"])
+    try:
+        tracker = open_run(RunPlan.from_dict(run["plan"]), find_first=True)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise refusal(exc, "to open the run", uri) from None
+        raise _still_away(uri, exc, left, run, folder) from None
+    write_json(folder / "run.json", {**run, "run_id": tracker.run_id, "experiment_id": tracker.experiment_id})
+    return tracker
 
 
-def complete_stage(stage: str, key: str, outputs: list[Path], root: Path = SPOOL_ROOT) -> str | None:
-    """If a run of `stage` with this `key` (same params and data) was spooled: replay what is left of it (exit 6 if
-    the server still does not answer), put its outputs back and remove the spool. The MLflow run id, else None."""
-    folder = spool_folder(stage, key, root)
-    if not (folder / "run.json").is_file():
-        return None
-    run_id = read_run(folder)["run_id"] if is_logged(folder) else replay(folder)[0]
-    restore_outputs(folder, outputs)
-    remove(folder)
-    return run_id
+def _which_run(run: dict[str, Any]) -> str:
+    return f"run {run['run_id']}" if run.get("run_id") else f"the run {run['plan']['run_name']!r} (not yet opened)"
+
+
+def _still_away(uri: str, exc: BaseException, left: int, run: dict[str, Any], folder: Path) -> TrackingUnavailable:
+    return TrackingUnavailable(
+        f"MLflow server {redact(uri)} stopped answering during the replay ({first_line(exc)}); {left} tracking calls "
+        f"of {_which_run(run)} stay in {folder}: replay them with `python -m trainlab.tracking.replay` once it is back")
 
 
 def remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
-

@@ -1,12 +1,19 @@
-"""The trackers a stage logs through: MlflowTracker (one MLflow run) and NullTracker (tracking off)."""
+"""Two of the three Trackers (trainlab.engine.contract.Tracker): MlflowTracker (one MLflow run, written directly) and
+NullTracker (tracking off); the third, the background queue of a training stage, is trainlab.tracking.queue. The
+checks of what a stage asks to log are here, one for all three: the same call fails the same way whatever tracks it."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -15,14 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from trainlab.core.flatten import stringify, strings
+from trainlab.serving import flavor
 from trainlab.tracking.retry import already_exists, retry
 from trainlab.tracking.secrets import redact_value
 from trainlab.tracking.uri import global_tracking_uri
 
 if TYPE_CHECKING:
     import torch
-
-
 
 T = TypeVar("T")
 
@@ -32,23 +38,59 @@ def flatten_params(obj: Mapping[str, Any] | BaseModel) -> dict[str, str]:
     return strings(obj)
 
 
+def metric_values(metrics: Mapping[str, Any], step: int | None) -> dict[str, float]:
+    """The finite metric values as floats; a value that is not a number is a TypeError naming its key, a NaN or
+    infinite one is left out with a warning (MLflow would store it, and every chart of it would break)."""
+    values, skipped = {}, []
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}") from None
+        if math.isfinite(number):
+            values[key] = number
+        else:
+            skipped.append(f"{key}={number}")
+    if skipped:
+        warnings.warn(f"not logging non-finite metric values at step {step}: {', '.join(skipped)}",
+                      RuntimeWarning, stacklevel=3)
+    return values
+
+
+def artifact_file(path: str | os.PathLike) -> Path:
+    """`path` as a Path, checked to exist (a file, or a directory logged under its own name)."""
+    local = Path(path)
+    if not local.exists():
+        raise FileNotFoundError(f"cannot log artifact {local}: no such file or directory")
+    return local
+
+
+def check_model_call(name: str, input_example: Any) -> None:
+    if input_example is None:
+        raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
+                         "describe the model")
+
 
 class NullTracker:
-    """Tracking disabled: every method is a no-op and ``run_id`` is ''."""
+    """Tracking disabled: nothing is logged (the calls are checked as the other trackers check them); ``run_id`` is
+    '' and ``failed`` is never set."""
 
     run_id = ""
     experiment_id = ""
     tracking_uri = ""
     last_model_uri: str | None = None
 
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+
     def log_params(self, params: Mapping[str, Any] | BaseModel) -> None:
-        pass
+        flatten_params(params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        pass
+        metric_values(metrics, step)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        pass
+        artifact_file(path)
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         pass
@@ -65,13 +107,13 @@ class NullTracker:
     def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
                   registered_model_name: str | None = None, model_dir: str | os.PathLike | None = None,
                   raw_example: dict[str, list[Any]] | None = None) -> str | None:
+        check_model_call(name, input_example)
         return None
 
 
 class MlflowTracker:
-    """One MLflow run, written through an explicit MlflowClient (no fluent active-run state)."""
-
-    end_deferred = False  # True: start_run leaves ending the run to a QueuedTracker (trainlab.tracking.queue)
+    """One MLflow run, written through an explicit MlflowClient (no fluent active-run state). A call the store refuses
+    raises where it is made; ``failed`` is never set."""
 
     def __init__(self, client: Any, run_id: str, experiment_id: str, tracking_uri: str,
                  register_models: bool = True) -> None:
@@ -81,6 +123,7 @@ class MlflowTracker:
         self.tracking_uri = tracking_uri
         self.register_models = register_models
         self.last_model_uri: str | None = None
+        self.failed = threading.Event()
 
     # -- params, metrics, tags -------------------------------------------------------------------------------------
 
@@ -95,25 +138,12 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
                     timestamp_ms: int | None = None) -> None:
-        """Log metrics at ``step`` (0 when None) and ``timestamp_ms`` (now when None); NaN/inf values are skipped
-        with a warning."""
+        """Log metrics at ``step`` (0 when None) and ``timestamp_ms`` (now when None) (see `metric_values`)."""
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
         timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-        items, skipped = [], []
-        for key, value in metrics.items():
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}") from None
-            if math.isfinite(number):
-                items.append(Metric(key, number, timestamp, int(step or 0)))
-            else:
-                skipped.append(f"{key}={number}")
-        if skipped:
-            warnings.warn(f"not logging non-finite metric values at step {step}: {', '.join(skipped)}",
-                          RuntimeWarning, stacklevel=2)
+        items = [Metric(key, number, timestamp, int(step or 0)) for key, number in metric_values(metrics, step).items()]
         for chunk in _chunks(items, MAX_METRICS_PER_BATCH):
             retry(self._client.log_batch, self.run_id, metrics=chunk)
 
@@ -129,10 +159,7 @@ class MlflowTracker:
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Log a file, or a directory (kept under its own name), optionally inside ``artifact_path``."""
-        local = Path(path)
-        if not local.exists():
-            raise FileNotFoundError(f"cannot log artifact {local}: no such file or directory")
-        retry(self._client.log_artifact, self.run_id, str(local), artifact_path)
+        retry(self._client.log_artifact, self.run_id, str(artifact_file(path)), artifact_path)
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         """Log a JSON (``.json``) or YAML (``.yaml``/``.yml``) artifact."""
@@ -146,6 +173,10 @@ class MlflowTracker:
 
     def log_text(self, text: str, artifact_file: str) -> None:
         retry(self._client.log_text, self.run_id, text, artifact_file)
+
+    def end(self, status: str) -> None:
+        """Mark the run ended: FINISHED, FAILED or KILLED."""
+        retry(self._client.set_terminated, self.run_id, status)
 
     # -- models ----------------------------------------------------------------------------------------------------
 
@@ -162,13 +193,11 @@ class MlflowTracker:
         are pinned from the installed packages (no inference subprocess, no network). Returns the registered
         version, or None when not registered (no name given, or ``tracking.register_models`` is false).
         """
-        if input_example is None:
-            raise ValueError(f"log_model({name!r}): an input_example (a small batch) is required to trace and "
-                             "describe the model")
+        check_model_call(name, input_example)
         example = _example_array(input_example)
         raw_inputs = model_dir is not None and raw_example is not None and (Path(model_dir) /
                                                                             "preprocessing.json").is_file()
-        export_model, restore = _exportable(model)
+        export_model, restore = exportable(model)
         try:
             with global_tracking_uri(self.tracking_uri), warnings.catch_warnings():
                 # torch.export.save says this for channels_last weights; harmless for a CPU model.
@@ -214,17 +243,10 @@ class MlflowTracker:
                     raw_example: dict[str, list[Any]]) -> Any:
         """The pyfunc on raw inputs (trainlab/serving/pyfunc_model.py, "models from code") with the model folder,
         the tensor-level model, trainlab's code, a signature and a raw input example."""
-        import importlib
-        import tempfile
-
         import mlflow
         import mlflow.pyfunc
         from mlflow.models import Model
 
-        # Imported by name: only the training stages log raw-input models, and their DVC deps name trainlab/serving
-        # (trainlab.jobs.train imports it); a plain import here would make every stage that opens an MLflow run
-        # (prepare, evaluate, ...) depend on the serving code.
-        flavor = importlib.import_module("trainlab.serving.flavor")
         with tempfile.TemporaryDirectory(prefix="trainlab-model-") as tmp:
             tensor_model = Path(tmp) / flavor.TENSOR_ARTIFACT
             _save_tensor_model(model, tensor_model, example, name)
@@ -279,8 +301,6 @@ def _save_tensor_model(model: Any, path: Path, example: Any, name: str) -> None:
     except Exception as exc:
         if not _raised_by_torch_export(exc):
             raise
-        import shutil
-
         shutil.rmtree(path, ignore_errors=True)
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         print(f"warning: torch.export could not trace model {name!r} ({type(exc).__name__}: {first_line}); "
@@ -291,8 +311,6 @@ def _save_tensor_model(model: Any, path: Path, example: Any, name: str) -> None:
 
 def _raised_by_torch_export(exc: BaseException) -> bool:
     """True when the error came out of torch.export tracing (not from MLflow, the store or the network)."""
-    import traceback
-
     markers = ("/torch/export/", "/torch/_export/", "/torch/_dynamo/")
     frames = traceback.extract_tb(exc.__traceback__)
     return type(exc).__module__.startswith("torch.") or any(m in f.filename.replace("\\", "/")
@@ -320,10 +338,8 @@ def _example_array(example: Any) -> Any:
     return np.ascontiguousarray(example)
 
 
-def _exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], None]]:
+def exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[], None]]:
     """An eval-mode CPU model to export (a copy if it lives elsewhere), and how to restore the original's mode."""
-    import copy
-
     import torch
 
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile

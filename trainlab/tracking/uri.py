@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.tracking.secrets import redact
 
 if TYPE_CHECKING:
-
     from trainlab.core.config import Params
 
 
@@ -55,6 +53,13 @@ def resolve_tracking_uri(params: Params, check: bool = False, root: str | os.Pat
                 f"or unset {'tracking.uri' if source == 'tracking.uri' else 'MLFLOW_TRACKING_URI'} "
                 "to use the local SQLite store.")
     return uri
+
+
+def configure_http(request_timeout_s: int, request_retries: int) -> None:
+    """Bound each MLflow HTTP request (MLflow's defaults retry one request for minutes): read per request."""
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(request_timeout_s))
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(int(request_retries))
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
 
 
 def mlflow_client(uri: str) -> Any:
@@ -149,7 +154,6 @@ def _probe_health(uri: str, timeout_s: float) -> str | None:
     if status >= 500:
         return f"/health answered HTTP {status}"
     return None  # 2xx, or 3xx/4xx: a server answered; MLflow's own calls report anything more specific
-
 
 
 @contextmanager
