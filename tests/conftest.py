@@ -12,6 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+# scripts/test runs two pytest-xdist workers on two cores: each worker, and every process it starts, computes on one
+# thread, so that two busy workers do not oversubscribe the cores (OpenMP threads spinning against each other made
+# torch-heavy tests several times slower).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     # The whole-pipeline-twice test runs only when a -m expression names it: a user's `-m reliability` replaces

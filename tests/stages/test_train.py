@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,10 @@ from trainlab.tasks.saved import load_saved_model
 from trainlab.tracking.lineage import file_md5
 
 REPO = Path(__file__).resolve().parents[2]
+# A bare environment, but the thread count of this test process (tests/conftest.py sets one per xdist worker): the
+# numbers compared bit for bit depend on it.
+BARE_ENV = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+            **{k: v for k, v in os.environ.items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
 TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
 TINY = {
     "base": {"seed": 3, "precision": "fp32"},  # the text bag test compares the fp32 rebuild with the stage
@@ -145,7 +150,7 @@ def test_same_params_twice_gives_identical_metrics(trained, tmp_path):
     (copy / "params.yaml").write_text(yaml.safe_dump(params))
     proc = subprocess.run([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
                            "models/classifier", "reports/classifier"], cwd=copy, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=600)
+                          env=BARE_ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (copy / "reports/classifier/metrics.json").read_bytes() == \
         (trained / "reports/classifier/metrics.json").read_bytes()
@@ -158,7 +163,7 @@ def test_bad_params_exit_2_and_write_nothing(tmp_path):
     (tmp_path / "params.yaml").write_text("segmenter:\n  dept: 3\n")
     proc = subprocess.run([sys.executable, "-m", "stages.train_segmenter", "data/prepared/segmentation",
                            "models/segmenter", "reports/segmenter"], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+                          env=BARE_ENV, timeout=120)
     assert proc.returncode == 2
     assert "segmenter.dept" in proc.stderr and "did you mean 'segmenter.depth'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -177,7 +182,7 @@ def test_a_run_that_cannot_open_stops_training_with_exit_6_and_writes_nothing(tr
     client.delete_experiment(client.get_experiment_by_name("trainlab").experiment_id)
     proc = subprocess.run([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
                            "models/classifier", "reports/classifier"], cwd=copy, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": uri},
+                          env={**BARE_ENV, "MLFLOW_TRACKING_URI": uri},
                           timeout=600)
     assert proc.returncode == 6, proc.stderr[-2000:]
     assert "experiment 'trainlab' is deleted" in proc.stderr and "Traceback" not in proc.stderr
@@ -190,7 +195,7 @@ def test_two_trainings_with_the_same_params_in_one_folder_one_is_refused(trained
     copy = tmp_path / "twice"
     shutil.copytree(trained / "data", copy / "data")
     shutil.copy(trained / "params.yaml", copy / "params.yaml")
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
+    env = {**BARE_ENV, "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
     procs = [subprocess.Popen([sys.executable, "-m", "stages.train_classifier", "data/prepared/classification",
                                f"models/classifier_{i}", f"reports/classifier_{i}"], cwd=copy, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
