@@ -34,6 +34,10 @@ TARGETS = {
         ("classifier_engine_mfu", ">=", 0.6, "classifier: engine MFU (of the measured matmul peak)"),
         ("noop_dvc_repro_s", "<=", 1.5, "no-op `dvc repro` (s)"),
         ("cold_start_s", "<=", 4.0, "stage cold start to the first training step (s)"),
+        *((f"stage_start_over_import_torch_s_{task}", "<=", 1.5,
+           f"train_{task}: spawn to first step, over `import torch` (s)") for task in ("classifier", "segmenter", "text")),
+        *((f"stage_end_s_{task}", "<=", 1.0, f"train_{task}: last step to exit, less the test pass (s)")
+          for task in ("classifier", "segmenter", "text")),
         ("prefect_overhead_fraction_default_pipeline", "<=", 0.10, "Prefect overhead / default pipeline wall time"),
         ("predict_pyfunc_over_direct_min", ">=", 0.8, "predict: MLflow pyfunc / direct batch throughput (worst model)"),
         ("predict_text_request_p50_ms", "<=", 25, "predict: one-text /invocations request p50 (ms)"),

@@ -3,8 +3,11 @@
     BENCH_FIRST_STEP_FILE=out.json python -m benchmarks.first_step stages.train_classifier ARGS...
 
 Writes wall-clock timestamps (time.time()) to the JSON file right after the first optimizer step, then exits at once
-when BENCH_EXIT_AFTER_FIRST_STEP=1 (the rest of the stage is not part of the cold start). Only the standard
-library is imported before the stage, so the stage's own import order is what gets measured.
+when BENCH_EXIT_AFTER_FIRST_STEP=1 (the rest of the stage is not part of the cold start). Run to its end, the stage
+also leaves the end of its last optimizer step (`last_step_end`) and the start and end of its test-split evaluation
+(`test_eval_start`, `test_eval_end`: the `evaluate` call of trainlab.jobs.train; validation goes through the engine's
+own name for it) and the end of training (`fit_end`: the last epoch's validation done), written at exit. Only the standard library is imported before the stage, so the stage's own import
+order is what gets measured.
 """
 
 from __future__ import annotations
@@ -54,11 +57,11 @@ def _install_hooks() -> None:
             marks["first_forward"] = time.time()
 
     def first_step(optimizer, args, kwargs):
+        marks["last_step_end"] = time.time()
         if "first_step_end" in marks:
             return
-        marks["first_step_end"] = time.time()
-        for h in handles:
-            h.remove()
+        marks["first_step_end"] = marks["last_step_end"]
+        handles[0].remove()
         _write()
         if os.environ.get("BENCH_EXIT_AFTER_FIRST_STEP") == "1":
             sys.stdout.flush()
@@ -66,6 +69,17 @@ def _install_hooks() -> None:
             os._exit(0)
 
     handles += [register_module_forward_pre_hook(first_forward), register_optimizer_step_post_hook(first_step)]
+
+
+def _marked(fn, name: str):
+    """`fn` leaving `<name>_start` and `<name>_end` marks."""
+    def timed(*args, **kwargs):
+        marks[f"{name}_start"] = time.time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            marks[f"{name}_end"] = time.time()
+    return timed
 
 
 class _Timed(importlib.abc.Loader):
@@ -87,6 +101,9 @@ class _Timed(importlib.abc.Loader):
                 marks[f"import_end:{self.name}"] = time.time()
         if self.name in HOOK_AFTER:
             _install_hooks()
+        if self.name == "trainlab.jobs.train":
+            module.evaluate = _marked(module.evaluate, "test_eval")
+            module.fit = _marked(module.fit, "fit")
 
     def __getattr__(self, item):  # get_resource_reader, is_package, ...
         return getattr(self.loader, item)

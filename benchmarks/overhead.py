@@ -28,8 +28,14 @@ FULL_WORK_RUNS = 1  # flow runs of the whole tiny pipeline with every stage runn
 # --quick runs the pipeline only up to this stage (prepare + train_classifier), the full run every stage.
 QUICK_TARGET = "train_classifier"
 # The cold start runs the default classifier (params.yaml) for one optimizer step.
-COLD_START_OVERRIDES = {"classifier": {"epochs": 1, "max_steps": 1}}
+COLD_START_OVERRIDES = {task: {"epochs": 1, "max_steps": 1} for task in ("classifier", "segmenter", "text")}
 COLD_START_STAGE = ("stages.train_classifier", "data/prepared/classification")
+# Each training stage run to its end on params.yaml's model for one optimizer step: its start and its end.
+STAGE_ENDS = {"classifier": ("stages.train_classifier", "data/prepared/classification"),
+              "segmenter": ("stages.train_segmenter", "data/prepared/segmentation"),
+              "text": ("stages.train_text", "data/prepared/text", "--baseline", "models/text_baseline/baseline.json")}
+# The issue's targets: start at most this much over `python -c "import torch"`; end at most this plus the test pass.
+START_OVER_TORCH_S, END_S = 1.5, 1.0
 
 
 def known_sections(params: dict, extra: dict) -> dict:
@@ -117,6 +123,35 @@ class Workspace:
                 "statuses": sorted({s.get("status", "?") for s in stages}), "stages": len(stages),
                 "per_stage_s": {s["stage"]: s.get("seconds") for s in stages}}
 
+    def import_torch(self) -> dict[str, Any]:
+        """`python -c "import torch"`: the floor a stage's start is compared with."""
+        wall, _ = run_cmd([sys.executable, "-c", "import torch"], self.root, self.env, self.log)
+        return {"wall_s": wall}
+
+    def stage_ends(self, task: str, index: int) -> dict[str, Any]:
+        """A training stage (default model, one optimizer step, tracking on with local SQLite) run to its end: spawn
+        to the first training step, and the last step's end to the process's end, less the test-split pass."""
+        module, data, *extra = STAGE_ENDS[task]
+        out_dir = self.root.parent / f"ends-{task}{index}"
+        marks_file = self.root.parent / f"ends-{task}{index}.json"
+        env = {**self.env, "BENCH_FIRST_STEP_FILE": str(marks_file), "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "benchmarks.first_step", module, data, str(out_dir / "models"),
+               str(out_dir / "reports"), *extra, "--params", str(self.root.parent / "cold_params.yaml")]
+        spawned = time.time()
+        run_cmd(cmd, self.root, env, self.log)
+        ended = time.time()
+        marks = json.loads(marks_file.read_text())
+        missing = {"first_forward", "last_step_end", "fit_end", "test_eval_start", "test_eval_end"} - set(marks)
+        if missing:
+            raise RuntimeError(f"{module}: no {sorted(missing)} marks (marks: {sorted(marks)})")
+        test_eval = marks["test_eval_end"] - marks["test_eval_start"]
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return {"start_s": marks["first_forward"] - spawned, "test_eval_s": test_eval,
+                "end_s": ended - marks["last_step_end"] - test_eval,
+                "last_validation_s": marks["fit_end"] - marks["last_step_end"],
+                "after_training_s": ended - marks["fit_end"] - test_eval,
+                "import_torch_in_stage_s": marks["import_end:torch"] - marks["import_start:torch"]}
+
     def cold_start(self, index: int) -> dict[str, Any]:
         """Process spawn to the first training step of train_classifier (default model, data and tracking)."""
         module, data = COLD_START_STAGE
@@ -177,11 +212,16 @@ def run(quick: bool, repeats: int, keep: bool = False) -> PartResult:
         counter = iter(range(10_000))
         contenders["cold_start"] = lambda r, warm: ws.cold_start(next(counter))
         contenders["noop_flow"] = lambda r, warm: ws.flow()
+        contenders["import_torch"] = lambda r, warm: ws.import_torch()
+        for task in ["classifier"] if quick else STAGE_ENDS:  # --quick prepares and trains the classifier only
+            contenders[f"ends_{task}"] = lambda r, warm, task=task: ws.stage_ends(task, next(counter))
         # quick: one timed run of each after the warm-up, a smoke test
         comparison = alternate(contenders, 1 if quick else repeats, what="overhead")
         data["noop"] = comparison.summary(["wall_s", "cold_start_s", "first_step_end_s", "import_torch_s",
                                            "import_mlflow_s", "overhead_s", "overhead_fraction",
-                                           "stage_seconds_sum"])
+                                           "stage_seconds_sum", "start_s", "end_s", "test_eval_s",
+                                           "last_validation_s", "after_training_s",
+                                           "import_torch_in_stage_s"])
         if not quick:
             # Every stage runs (a new seed, so nothing comes from DVC's run cache). One run: a tiny pipeline takes
             # a minute or more, and the no-op flow above, timed `repeats` times, carries the same overhead (measured
@@ -221,6 +261,12 @@ def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
     noop = data.get("noop", {}).get("median", {})
     out = {"noop_dvc_repro_s": noop.get("noop_dvc_repro", {}).get("wall_s"),
            "cold_start_s": noop.get("cold_start", {}).get("cold_start_s")}
+    torch_s = noop.get("import_torch", {}).get("wall_s")
+    for task in STAGE_ENDS:
+        ends = noop.get(f"ends_{task}")
+        if ends and torch_s is not None:
+            out[f"stage_start_over_import_torch_s_{task}"] = ends["start_s"] - torch_s
+            out[f"stage_end_s_{task}"] = ends["end_s"]
     full = data.get("full", {}).get("median", {}).get("flow")
     noop_flow = noop.get("noop_flow")
     if noop_flow:
@@ -234,6 +280,24 @@ def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
         if default:
             out["prefect_overhead_fraction_default_pipeline"] = overhead / (default["sum_s"] + overhead)
     return out
+
+
+def stage_end_rows(med: dict[str, Any]) -> list[list[str]]:
+    """Per training stage: spawn to first step over `import torch`, and last step to exit less the test pass."""
+    torch_s = med.get("import_torch", {}).get("wall_s")
+    rows = [["`python -c \"import torch\"`", fmt(torch_s, "s"), "", ""]] if torch_s is not None else []
+    for task in STAGE_ENDS:
+        e = med.get(f"ends_{task}")
+        if e is None or torch_s is None:
+            continue
+        rows.append([f"train_{task}: spawn → first training step, over `import torch` (in the stage "
+                     f"{fmt(e['import_torch_in_stage_s'], 's')})", f"{fmt(e['start_s'] - torch_s, 's')} (start "
+                     f"{fmt(e['start_s'], 's')})", "", f"≤ {START_OVER_TORCH_S} s"])
+        rows.append([f"train_{task}: last training step → exit, less the test-split pass", f"{fmt(e['end_s'], 's')} "
+                     f"(test pass {fmt(e['test_eval_s'], 's')})", "", f"≤ {END_S} s"])
+        rows.append(["… of which the last validation (the first one imports torchmetrics) / outputs, MLflow model "
+                     "and exit", f"{fmt(e['last_validation_s'], 's')} / {fmt(e['after_training_s'], 's')}", "", ""])
+    return rows
 
 
 def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
@@ -253,6 +317,7 @@ def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
         rows.append(["… of which `import torch` / `import mlflow`",
                      f"{fmt(c['import_torch_s'], 's')} / {fmt(c['import_mlflow_s'], 's')}", "", ""])
         rows.append(["… first training step done", fmt(c["first_step_end_s"], "s"), "", ""])
+    rows += stage_end_rows(med)
     if "noop_flow" in med:
         f = med["noop_flow"]
         first = noop.get("warmup", {}).get("noop_flow", {}).get("wall_s")

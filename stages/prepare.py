@@ -52,4 +52,4 @@ def main(argv: list[str]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, teardown=False)

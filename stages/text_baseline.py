@@ -33,4 +33,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, teardown=False)

@@ -9,4 +9,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, teardown=False)

@@ -56,3 +56,39 @@ def test_a_stage_run_with_debug_exits_2_for_bad_params(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback (most recent call last)" in proc.stderr and "classifier.lrr" in proc.stderr
     assert tree(tmp_path) == ["params.yaml"]
+
+
+EXIT_WORK = """
+import atexit, sys, threading, time
+from pathlib import Path
+from trainlab.core.cli import run_cli
+from concurrent.futures import ThreadPoolExecutor
+
+out = Path(sys.argv[1])
+
+def main(argv):
+    def late():
+        time.sleep(0.5)
+        (out / "thread").write_text("done")
+    threading.Thread(target=late).start()  # non-daemon: the exit waits for it
+    ThreadPoolExecutor(1).submit(lambda: (time.sleep(0.3), (out / "pool").write_text("done")))
+    atexit.register(lambda: (out / "atexit").write_text((out / "thread").read_text()))
+    print("printed, not flushed", end="")
+
+run_cli(main, [], teardown=False)
+raise SystemExit("not reached: run_cli exits")
+"""
+
+
+def test_a_stage_exit_without_teardown_still_waits_for_threads_runs_atexit_and_flushes(tmp_path):
+    """The DVC stages skip the interpreter's teardown after a success, not the work an exit does."""
+    import subprocess
+    import sys
+
+    from tests.reliability.factories import REPO
+
+    proc = subprocess.run([sys.executable, "-c", EXIT_WORK, str(tmp_path)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "printed, not flushed"
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"thread": "done", "pool": "done", "atexit": "done"}

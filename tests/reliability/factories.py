@@ -59,6 +59,11 @@ def write_params(path: Path, params: dict) -> Path:
     return path
 
 
+# Every `mlflow server` the tests start: no job runner (a second process that imports MLflow, for GenAI jobs these
+# tests never run).
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def run_env(**extra: str) -> dict[str, str]:
     """The environment of a stage or DVC subprocess: the venv first on PATH, one thread, no network, no debug."""
     env = {k: v for k, v in os.environ.items()

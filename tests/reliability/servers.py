@@ -8,7 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.reliability.factories import BIN, run_env, stop_group
+from tests.reliability.factories import BIN, NO_JOBS, run_env, stop_group
 
 STARTUP_TIMEOUT_S = 180
 
@@ -37,7 +37,7 @@ class MlflowServer:
                "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
                "--port", str(self.port), "--workers", "1"]
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=self.root, env=run_env(), stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=self.root, env=run_env(**NO_JOBS), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not healthy(self.uri):

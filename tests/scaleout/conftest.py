@@ -18,6 +18,7 @@ import yaml
 from pipelines.overrides import deep_merge
 from tests.data.factories import make_image_folder, make_paired_folders, make_text_csv, user_data_section
 from tests.pipelines.conftest import free_port, stop_process_group
+from tests.reliability.factories import NO_JOBS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -162,7 +163,7 @@ def mlflow_server(tmp_path_factory, migrated_db):
     cmd = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
            "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
-    env = stage_env()
+    env = stage_env(**NO_JOBS)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from tests.reliability.factories import NO_JOBS
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.repro import git_state
 from trainlab.tracking.retry import retry as _retry
@@ -512,7 +513,7 @@ def test_logs_through_a_real_tracking_server(params, workdir, migrated_db, tmp_p
         [str(mlflow_cli), "server", "--backend-store-uri", f"sqlite:///{server_dir}/server.db",
          "--artifacts-destination", str(server_dir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"],
-        cwd=server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=server_dir, env={**os.environ, **NO_JOBS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         import requests
 

@@ -161,6 +161,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     start = time.perf_counter()
     job = TrainingJob(name, params, Path(data_dir), Path(model_dir), Path(reports_dir), options)
     meta, splits = load_prepared(job)
+    get(name).load().training_extras(params, job.data_dir, meta, job.options)  # a missing baseline fails here
     runtime = runtime or resolve_runtime(params.base)
     ctx = distributed.setup(params.base.distributed, runtime.device.type)
     if ctx.enabled and runtime.device.type == "cuda":
