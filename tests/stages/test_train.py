@@ -170,6 +170,18 @@ def test_bad_params_exit_2_and_write_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+def test_a_missing_text_baseline_is_an_error_before_any_training_and_writes_nothing(workspace, capsys):
+    """The baseline file is read with the prepared data: a missing one costs no training epoch."""
+    from trainlab.core.errors import DataError
+
+    with pytest.raises(DataError, match=r"nowhere/baseline\.json: missing \(run `dvc repro text_baseline`\)"):
+        train_text.main(["data/prepared/text", "models/text-nb", "reports/text-nb", "--baseline",
+                         "nowhere/baseline.json"])
+    printed = capsys.readouterr()
+    assert "epoch 1/" not in printed.out + printed.err
+    assert not (workspace / "models/text-nb").exists() and not (workspace / "reports/text-nb").exists()
+
+
 def test_a_run_that_cannot_open_stops_training_with_exit_6_and_writes_nothing(trained, tmp_path):
     """The MLflow run opens on a thread while training starts; if it fails (here: a deleted experiment), the stage
     stops, reports that error and writes no outputs."""

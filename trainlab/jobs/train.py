@@ -26,7 +26,7 @@ from trainlab.core.repro import environment, seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.jobs.pruning import trial_sink  # a search trial's pruning (pipelines.search); off otherwise
 from trainlab.tasks import get
-from trainlab.tasks.base import check_prepared
+from trainlab.tasks.base import TrainingExtras, check_prepared
 
 CHECKPOINT_ROOT = Path("checkpoints")
 TIMING_COLUMNS = ("samples_per_s",)  # per-epoch history values that differ run to run (MLflow keeps them)
@@ -130,6 +130,7 @@ class TrainingJob:
     model_dir: Path
     reports_dir: Path
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's own stage options (TaskCode)
+    extras: TrainingExtras | None = None  # TaskCode.training_extras, read with the prepared data (before training)
 
     @property
     def cfg(self) -> TrainParams:
@@ -161,7 +162,8 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     start = time.perf_counter()
     job = TrainingJob(name, params, Path(data_dir), Path(model_dir), Path(reports_dir), options)
     meta, splits = load_prepared(job)
-    get(name).load().training_extras(params, job.data_dir, meta, job.options)  # a missing baseline fails here
+    # before training: a missing or bad text baseline fails here, not after the training
+    job = dataclasses.replace(job, extras=get(name).load().training_extras(params, job.data_dir, meta, job.options))
     runtime = runtime or resolve_runtime(params.base)
     ctx = distributed.setup(params.base.distributed, runtime.device.type)
     if ctx.enabled and runtime.device.type == "cuda":
@@ -285,7 +287,7 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
     summary = {**{f"test_{k}": v for k, v in trained.test.items()}, **counts, "epochs": len(result.history)}
     timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(trained.seconds, 3),
               "samples_per_s": round(result.samples_per_s, 1)}
-    extras = get(name).load().training_extras(job.params, job.data_dir, meta, job.options)
+    extras = job.extras
     summary.update(extras.metrics)
     tracker.log_params(counts)
     tracker.log_metrics({k: float(v) for k, v in {**summary, **timing}.items()})
