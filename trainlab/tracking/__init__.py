@@ -10,3 +10,5 @@ import os
 # setdefault: a user who sets the variable explicitly keeps their choice. Read when mlflow is used, so
 # setting it here, before any module of this package imports mlflow, is enough.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# A stage's log is read by people: no "Downloading artifacts" bars while MLflow checks a logged model's example.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
