@@ -29,6 +29,18 @@ def test_cpu_runtime_resolves_precision_from_the_cpu():
     assert resolve_runtime(BaseParams(device="cpu", precision="fp16")).needs_grad_scaler
 
 
+@pytest.mark.parametrize("held", [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}])
+def test_precision_auto_is_fp32_on_a_cpu_held_to_avx2(held):
+    """bf16 without native bf16 runs about 10x slower than fp32 (docs/reproducibility.md): a CPU held to AVX2 gets
+    fp32, as an AVX2-only CPU does."""
+    code = ("from trainlab.core.config import BaseParams; from trainlab.core.runtime import resolve_runtime; "
+            "print(resolve_runtime(BaseParams(device='cpu')).precision)")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, **held}, cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "fp32"
+
+
 def test_determinism_flag_is_applied_and_reported():
     rt = resolve_runtime(BaseParams(device="cpu", deterministic=True))
     assert torch.are_deterministic_algorithms_enabled() and not rt.cudnn_benchmark

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,12 +43,21 @@ class Runtime:
         return {f"runtime_{k}": str(v) for k, v in asdict(self).items()}
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16: no bf16 dot products
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 @lru_cache(maxsize=1)
 def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 (AVX-512 BF16 or AMX), where bf16 autocast pays off."""
+    """True when the CPU has native bf16 (AVX-512 BF16 or AMX) and torch may use it, where bf16 autocast pays off.
+    A CPU held to AVX2 (ATEN_CPU_CAPABILITY=avx2, or oneDNN's ONEDNN_MAX_CPU_ISA) computes bf16 through conversions,
+    about 10x slower than fp32, so there it is False as on an AVX2-only CPU."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return False
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    if isa in ONEDNN_ISAS_WITHOUT_BF16 or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
