@@ -169,3 +169,25 @@ def test_warm_up_updates_are_undone_exactly(steps_before):
     assert len(results[0]) == len(results[1])
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("grad_clip, scale, multiplies",
+                         [(1e6, 1.0, False), (1e-3, 1.0, True), (1.0, float("nan"), True)])
+def test_clipping_on_a_cpu_gives_clip_grad_norms_bits_and_multiplies_only_when_it_changes_them(
+        grad_clip, scale, multiplies, monkeypatch):
+    task = make_trainable()
+    cfg = CFG.model_copy(update={"grad_clip": grad_clip})
+    step = TrainStep(task, task.model, cfg, runtime(precision="fp32"), total_updates=4, seed=0)
+    x, y = task.prepare_batch(tiny_data(16), True, None)
+    (task.loss_fn(task.model(x), y) * scale).backward()
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in step.params]
+    for ref, p in zip(reference, step.params):
+        ref.grad = p.grad.clone()
+    torch.nn.utils.clip_grad_norm_(reference, grad_clip)
+    calls = []
+    real = torch.nn.utils.clip_grads_with_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grads_with_norm_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    step._clip()
+    assert bool(calls) == multiplies
+    for p, ref in zip(step.params, reference):
+        assert torch.equal(p.grad, ref.grad) or (p.grad.isnan().all() and ref.grad.isnan().all())

@@ -122,7 +122,7 @@ class TrainStep:
         if self.cfg.grad_clip:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            self._clip()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -133,6 +133,18 @@ class TrainStep:
         if self.ema is not None:
             self.ema.update(self.update_count)
         self.update_count += 1
+
+    def _clip(self) -> None:
+        """clip_grad_norm_. On a CPU the norm is read on the host, which costs nothing there, and the gradients are
+        multiplied only when the factor is below 1 (clip_grad_norm_ always multiplies, by exactly 1.0 when the norm
+        is within the limit: a pass over every gradient, 1.2 of the text bag's 9 ms per step): the same bits."""
+        if self.runtime.device.type != "cpu":
+            nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            return
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = nn.utils.get_total_norm(grads)
+        if not float(self.cfg.grad_clip / (norm + 1e-6)) >= 1.0:  # `not >=`: a NaN norm multiplies, as torch's does
+            nn.utils.clip_grads_with_norm_(self.params, self.cfg.grad_clip, norm)
 
     # --- CUDA graph -------------------------------------------------------------------------------------------------
 
