@@ -191,3 +191,16 @@ def test_choose_model_keeps_the_validation_choice_as_a_plain_text_model():
     same = FitResult(model=one, history=[{"val_accuracy": 0.5}])
     kept = CODE.make_trainable(one, META)
     assert CODE.choose_model(kept, same) == (kept, {}) and same.model is one
+
+
+def test_the_text_training_reads_its_baseline_without_loading_scikit_learn(tmp_path):
+    """Only the text_baseline stage fits the baseline; the training reads its JSON (sklearn is 1.5 s of start-up)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "baseline.json").write_text(json.dumps({"accuracy": 0.75, "macro_f1": 0.7}))
+    code = ("import sys; from pathlib import Path; from trainlab.tasks.text import text_baseline; "
+            f"r = text_baseline(Path({str(tmp_path / 'baseline.json')!r})); "
+            "print(r['accuracy'], 'sklearn' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0.75", "False"]

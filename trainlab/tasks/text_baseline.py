@@ -6,10 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
-from sklearn.pipeline import make_pipeline
 
 from trainlab.core.atomic import atomic_dir
 from trainlab.core.errors import DataError
@@ -35,6 +31,12 @@ def read_jsonl(path: Path) -> tuple[list[str], np.ndarray]:
 
 def tfidf_baseline(data_dir: Path, max_features: int, C: float, seed: int, num_classes: int) -> dict:
     """Fit on train, score on test; returns accuracy, macro-F1 and the confusion matrix."""
+    # here, not at the top: the text training stage reads baseline.json through this module (1.5 s of sklearn)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+    from sklearn.pipeline import make_pipeline
+
     x_train, y_train = read_jsonl(Path(data_dir) / "train.jsonl")
     x_test, y_test = read_jsonl(Path(data_dir) / "test.jsonl")
     pipe = make_pipeline(
