@@ -30,7 +30,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float, head: nn.Modu
 
 def build_optimizer(groups: list[dict], cfg: TrainParams, device: torch.device,
                     capturable: bool = False) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA, foreach elsewhere) or SGD with Nesterov momentum. `capturable`: fused AdamW (its step
+    """AdamW (fused on CUDA, foreach elsewhere) or SGD with Nesterov momentum (fused where torch has the kernel: one
+    pass over each weight instead of four, the same weights to rounding). `capturable`: fused AdamW (its step
     count a device tensor) or fused SGD, with the learning rates as device tensors, so that a CUDA graph can replay
     the update (the LR is then set on the device)."""
     if capturable:
@@ -41,10 +42,20 @@ def build_optimizer(groups: list[dict], cfg: TrainParams, device: torch.device,
             return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True, fused=True)
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True, capturable=True)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, nesterov=True)
-    # fused kernels are deterministic and fast on CUDA; foreach elsewhere.
+        # On a CPU, torch's default SGD loops over the tensors one op at a time: the text bag's update (a 7 MB weight)
+        # took 20% of its step that way (9,200 vs 13,200 samples/s)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, nesterov=True, fused=fused_sgd(device))
+    # fused AdamW is deterministic and fast on CUDA; foreach elsewhere (on a CPU fused AdamW changes the bits and was
+    # no faster for the classifier).
     fused = device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
+
+
+def fused_sgd(device: torch.device) -> bool:
+    """Whether torch has a fused SGD kernel for `device` (CPU and CUDA do)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int, schedule: str, min_ratio: float = 0.01):
