@@ -231,12 +231,14 @@ def test_a_chosen_head_saves_and_loads_as_a_plain_tfidf_bag(tmp_path):
 
 
 def test_the_candidates_cpu_gather_and_the_graph_safe_gather_agree_in_value_and_gradient():
-    """On the CPU the heads' rows are summed by embedding_bag; elsewhere (its CUDA backward syncs with the host) by
+    """On the CPU the heads' rows are summed by embedding_bag over the slots that hold a feature (and the gradient
+    is one index_add); elsewhere (its CUDA backward syncs with the host) by
     index_select, as a one-head bag's: the same logits and weight gradients."""
     x = texts()
     bag = fitted(x, weight_decay="auto")
     torch.nn.init.normal_(bag.weight)
     ids = bag.rows[torch.cat([bag.word_ids(x), bag.char_ids(x)], 1)]
+    ids[1] = 0  # a text of padding only (the CPU path leaves padding out before embedding_bag): a row of zeros
     weights = torch.rand(ids.shape) * (ids > 0)
     results = []
     for fused in (True, False):
@@ -246,3 +248,4 @@ def test_the_candidates_cpu_gather_and_the_graph_safe_gather_agree_in_value_and_
         results.append((out.detach(), bag.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
+    assert results[0][0][1].eq(0).all() and results[0][1].abs().sum() > 0

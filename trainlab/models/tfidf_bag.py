@@ -58,6 +58,28 @@ class _DecayGradient(torch.autograd.Function):
         return weight * (decay * grad), None
 
 
+class _HeldRowsBag(torch.autograd.Function):
+    """sum_j weights[:, j] * weight[ids[:, j]] over the slots whose id is not 0 (padding: four fifths of them on the
+    tweets), on a CPU: forward, embedding_bag over those slots only; backward, the weight's gradient as one
+    index_add of the scaled output gradients (embedding_bag's own backward sorts every index first)."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, weights: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        held = (ids != 0).flatten().nonzero().squeeze(1)
+        flat, flat_weights = ids.flatten()[held], weights.flatten()[held]
+        offsets = torch.zeros(len(ids), dtype=torch.int64, device=ids.device)
+        offsets[1:] = (ids[:-1] != 0).sum(1).cumsum(0)
+        ctx.save_for_backward(flat, flat_weights, held // ids.size(1))
+        ctx.rows = weight.size(0)
+        return F.embedding_bag(flat, weight, offsets, per_sample_weights=flat_weights, mode="sum")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        flat, flat_weights, text = ctx.saved_tensors
+        scaled = grad.index_select(0, text) * flat_weights.unsqueeze(1).to(grad.dtype)
+        return None, None, grad.new_zeros(ctx.rows, grad.size(1)).index_add_(0, flat, scaled)
+
+
 class TfidfBag(nn.Module):
     """Token ids (N, L) -> logits (N, num_classes): a linear layer over two TF-IDF vectors of the text, each
     L2-normalised: its words and hashed 2..ngrams-grams of them (`ngram_ids`), and the hashed character n-grams of
@@ -175,8 +197,11 @@ class TfidfBag(nn.Module):
     def weighted_rows(self, ids: torch.Tensor, weights: torch.Tensor, bag: bool) -> torch.Tensor:
         """sum_j weights[:, j] * weight[ids[:, j]]. index_select + a weighted sum: for one head's narrow rows, its
         backward (index_add) is 2-4x faster on CPU than embedding_bag's, and it replays in a CUDA graph. `bag`:
-        embedding_bag, which skips row 0 (padding: most slots) and makes no (N, slots, K * C) copy, 1.5-5x faster on
-        CPU for the K heads' wide rows; its CUDA backward syncs with the host (no graph capture), so CPU only."""
+        embedding_bag over the slots that hold a feature (_HeldRowsBag), which makes no (N, slots, K * C) copy,
+        1.5-5x faster on CPU for the K heads' wide rows; it finds those slots on the host (no graph capture), so CPU
+        only."""
+        if bag and not weights.requires_grad:  # (the idf weights never do: _HeldRowsBag gives them no gradient)
+            return _HeldRowsBag.apply(ids, weights, self.weight)
         if bag:
             return F.embedding_bag(ids, self.weight, per_sample_weights=weights, mode="sum", padding_idx=0)
         rows = self.weight.index_select(0, ids.flatten()).view(*ids.shape, -1)
