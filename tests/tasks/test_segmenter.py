@@ -139,3 +139,24 @@ def test_learns_thin_structures_from_crops_of_a_few_images():
     figures = scalars(evaluate(task, result.model, test, runtime, 4))
     assert figures["dice_boundary"] > 0.6, figures
     assert figures["dice_cell"] > 0.9, figures
+
+
+def test_soft_dice_loss_is_the_one_hot_formula_to_the_bit_and_near_zero_for_a_perfect_prediction():
+    import torch.nn.functional as F
+
+    from trainlab.tasks.segmenter import soft_dice_loss
+
+    torch.manual_seed(0)
+    masks = torch.randint(0, 5, (4, 12, 12))
+    for logits in (torch.randn(4, 5, 12, 12), torch.randn(4, 5, 12, 12).to(memory_format=torch.channels_last).bfloat16()):
+        logits.requires_grad_()
+        probs = logits.float().softmax(dim=1)
+        onehot = F.one_hot(masks, 5).permute(0, 3, 1, 2).to(probs.dtype)
+        total = probs.sum(dim=(0, 2, 3)) + onehot.sum(dim=(0, 2, 3))
+        expected = 1 - ((2 * (probs * onehot).sum(dim=(0, 2, 3)) + 1) / (total + 1)).mean()
+        (expected_grad,) = torch.autograd.grad(expected, logits)
+        loss = soft_dice_loss(logits, masks)
+        (grad,) = torch.autograd.grad(loss, logits)
+        assert torch.equal(loss, expected) and torch.equal(grad, expected_grad)
+    perfect = F.one_hot(masks, 5).permute(0, 3, 1, 2).float() * 50
+    assert float(soft_dice_loss(perfect, masks)) < 1e-3
