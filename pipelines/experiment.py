@@ -14,7 +14,7 @@ from pipelines.dag import StageInfo
 from pipelines.runs import log_overrides, parent_run, stage_run_env, tracking_uri
 from pipelines.workspace import experiment_workspace
 from trainlab.core.config import Params
-from trainlab.core.repro import git_state
+from trainlab.core.provenance import git_state
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pipelines.sweep import POINT_RETRIES, POINT_RETRY_DELAY_S, repro_and_save
 from pipelines.workspace import ExperimentError, check_experiment_name
 from trainlab.core.cli import command_parser, run_cli
 from trainlab.core.errors import DataError, ParamsError, UserError
-from trainlab.core.repro import git_state
+from trainlab.core.provenance import git_state
 from trainlab.jobs.pruning import PRUNED_TAG, TRIAL_ENV
 
 DEFAULT_TRIALS = 16

@@ -39,7 +39,7 @@ from pipelines.workspace import (
 )
 from trainlab.core.cli import command_parser, run_cli
 from trainlab.core.errors import ParamsError
-from trainlab.core.repro import git_state
+from trainlab.core.provenance import git_state
 
 DEFAULT_CONCURRENCY = 2
 POINT_RETRIES = 1

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> dict:
     from trainlab.tasks.text_baseline import write_baseline
     from trainlab.tracking.runs import start_run
 
-    with start_run(params, stage="text_baseline") as tracker:
+    with start_run(params, stage="text_baseline", device="cpu") as tracker:  # scikit-learn, on the CPU; no torch
         tracker.log_params({"text": {k: v for k, v in params.text.model_dump().items() if k.startswith("baseline_")},
                             "base": {"seed": params.base.seed}})
         result = write_baseline(params, args.data_dir, args.out_dir)

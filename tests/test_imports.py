@@ -107,4 +107,5 @@ def test_lazy_imports_are_of_heavy_modules_only(folder):
 def test_heavy_at_import_follows_module_level_imports_only():
     assert heavy_at_import("mlflow.entities") and heavy_at_import("trainlab.core.repro")  # imports torch
     assert not heavy_at_import("trainlab.tracking.secrets") and not heavy_at_import("json")
+    assert not heavy_at_import("trainlab.core.provenance")  # the flows' and every run's record, torch-free
     assert module_name(REPO / "trainlab/tracking/__init__.py") == "trainlab.tracking"

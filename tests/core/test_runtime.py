@@ -13,7 +13,8 @@ import torch
 
 from trainlab.core.atomic import atomic_dir, atomic_path, process_lock, write_json
 from trainlab.core.config import BaseParams
-from trainlab.core.repro import derived_seed, environment, generator, seed_everything
+from trainlab.core.provenance import environment
+from trainlab.core.repro import derived_seed, generator, seed_everything
 from trainlab.core.runtime import cpu_supports_bf16, resolve_runtime
 from trainlab.tasks.augment import random_shift
 
@@ -94,6 +95,30 @@ def test_environment_names_versions_device_and_git():
     env = environment(torch.device("cpu"))
     assert env["pkg_torch"].startswith("2.14.1")
     assert {"git_commit", "git_dirty", "device", "device_name", "python"} <= set(env)
+
+
+def test_a_flow_and_a_run_that_never_use_torch_do_not_load_it_for_their_record(tmp_path):
+    """The Prefect flows (git state) and the TF-IDF baseline (meta.json, its run's tags and environment record) do
+    their work without importing torch (1.2-1.7 s); a process that has loaded torch records its part too."""
+    code = textwrap.dedent(f"""
+        import sys
+        import pipelines.flow, pipelines.sweep, pipelines.search
+        from trainlab.data.prepared import load_meta
+        from trainlab.tasks.text_baseline import write_baseline
+        assert load_meta("data/prepared/text")["num_classes"] > 1
+        from trainlab.core.config import load_params
+        from trainlab.tracking.runs import plan_run
+        params = load_params("params.yaml")
+        plan = plan_run(params, "text_baseline", "sqlite:///{tmp_path}/mlflow.db", device="cpu")
+        assert "torch" not in sys.modules, "torch was imported"
+        assert plan.tags["device"] == "cpu" and "torch_version" not in plan.tags, plan.tags
+        assert plan.environment["pkg_torch"].startswith("2.14.1") and "torch_threads" not in plan.environment
+        import torch
+        plan = plan_run(params, "train_text", "sqlite:///{tmp_path}/mlflow.db", device="cpu")
+        assert plan.tags["torch_version"] == torch.__version__, plan.tags
+        assert plan.environment["torch_threads"] == str(torch.get_num_threads()), plan.environment
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
 
 
 def test_atomic_path_leaves_old_file_on_failure(tmp_path):

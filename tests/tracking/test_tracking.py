@@ -19,7 +19,7 @@ import yaml
 
 from tests.reliability.factories import NO_JOBS
 from trainlab.core.errors import TrackingUnavailable
-from trainlab.core.repro import git_state
+from trainlab.core.provenance import git_state
 from trainlab.tracking.retry import retry as _retry
 from trainlab.tracking.lineage import data_hash
 from trainlab.tracking.queue import QueuedTracker, RunOpener, queued_run, start_run_in_background

@@ -1,20 +1,13 @@
-"""Reproducibility: one seed for every RNG, deterministic-algorithm switches, and the run's environment record."""
+"""Reproducibility: one seed for every RNG and the deterministic-algorithm switches."""
 
 from __future__ import annotations
 
 import os
-import platform
 import random
-import subprocess
 import sys
-from functools import lru_cache
-from importlib import metadata
 
 import numpy as np
 import torch
-
-TRACKED_PACKAGES = ("torch", "torchvision", "torchmetrics", "numpy", "dvc", "prefect", "mlflow", "scikit-learn",
-                    "pydantic", "trainlab")
 
 
 def seed_everything(seed: int) -> None:
@@ -62,47 +55,3 @@ def configure_determinism(deterministic: bool, compiling: bool = False) -> dict[
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
     return {"deterministic": deterministic, "cudnn_benchmark": not deterministic}
-
-
-@lru_cache(maxsize=1)
-def git_state(cwd: str | None = None) -> dict[str, str]:
-    """Commit hash and dirty flag of the working tree ('unknown' outside git)."""
-    cwd = cwd or os.getcwd()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=10, check=True).stdout
-        return {"git_commit": commit, "git_dirty": str(bool(status.strip())).lower()}
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-
-
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in TRACKED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return versions
-
-
-def environment(device: torch.device | None = None) -> dict[str, str]:
-    """What a run ran on: python, platform, packages, device, threads, git state."""
-    env = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_threads": str(torch.get_num_threads()),
-        "cuda_available": str(torch.cuda.is_available()).lower(),
-    }
-    if device is not None:
-        env["device"] = str(device)
-        if device.type == "cuda":
-            env["device_name"] = torch.cuda.get_device_name(device)
-        else:
-            env["device_name"] = platform.processor() or platform.machine()
-    env.update({f"pkg_{k}": v for k, v in package_versions().items()})
-    env.update(git_state())
-    return env

@@ -1,5 +1,6 @@
 """The prepared-data format on disk: one safetensors file per split (or its shards, for a large split) plus
-meta.json, read and written safely."""
+meta.json, read and written safely. torch and safetensors load only where tensors are read or written: a stage that
+reads only meta.json and the JSON lines (the TF-IDF baseline) never loads torch."""
 
 from __future__ import annotations
 
@@ -7,11 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from trainlab.core.atomic import atomic_path, write_json
 from trainlab.core.errors import DataError
@@ -19,6 +16,9 @@ from trainlab.core.errors import DataError
 SPLITS = ("train", "val", "test")
 META_FILE = "meta.json"
 FORMAT_TAG = {"format": "trainlab-prepared-v1"}
+
+if TYPE_CHECKING:
+    import torch
 
 
 SHARD_BYTES = 64 * 2**20  # a split larger than this is written as several shards of at most about this size
@@ -52,6 +52,8 @@ def save_split(folder: str | Path, split: str, tensors: dict[str, torch.Tensor])
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+
     contiguous = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(contiguous, str(tmp), metadata=FORMAT_TAG)
@@ -59,6 +61,9 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 
 
 def read_tensors(path: Path, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     try:
         return load_file(str(path), device=str(device or "cpu"))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -68,6 +73,8 @@ def read_tensors(path: Path, device: str | torch.device | None = None) -> dict[s
 def load_split(folder: str | Path, split: str, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
     """Read a split's tensors whole (its shards concatenated; no pickle involved); a missing or corrupt file is a
     DataError naming it."""
+    import torch
+
     parts = [read_tensors(path, device) for path in split_files(folder, split)]
     if len(parts) == 1:
         return parts[0]
@@ -105,6 +112,8 @@ class ShardWriter:
         self.count += n
 
     def _flush(self) -> None:
+        import torch
+
         if not self.buffered:
             return
         save_tensors(shard_path(self.folder, self.split, self.shards),

@@ -22,7 +22,8 @@ from trainlab.core.config import Params, TrainParams
 from trainlab.engine.loop import FitHooks, FitOptions, FitResult, evaluate, fit, scalars
 from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError
-from trainlab.core.repro import environment, seed_everything
+from trainlab.core.provenance import environment
+from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.jobs.pruning import trial_sink  # a search trial's pruning (pipelines.search); off otherwise
 from trainlab.tasks import get

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainlab.core.atomic import process_lock
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.flatten import stringify
+from trainlab.core.provenance import environment, git_state, loaded_torch
 from trainlab.tracking.lineage import DataInput, data_hash, dataset_inputs, dataset_records
 from trainlab.tracking.retry import retry
 from trainlab.tracking.secrets import redact, redact_value
@@ -126,7 +127,7 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
 
     With ``tracking.enabled`` false, yields a NullTracker and touches nothing. ``parent_run_id`` (or
     ``$TRAINLAB_PARENT_RUN_ID``) nests the run. Tags: git_commit, git_dirty, stage, params_hash, data_hash,
-    device, torch_version; the environment record is logged as ``environment.json``. ``device`` names the
+    device, torch_version (when the stage has loaded torch); the environment record is logged as ``environment.json``. ``device`` names the
     device the stage runs on (default: resolved from ``base.device``). ``run_name`` defaults to
     `default_run_name`; ``datasets`` are logged as the run's dataset inputs.
     """
@@ -205,10 +206,6 @@ def _resolve_device_name(params: Params, device: str | None) -> str:
 
 
 def _run_tags(params: Params, stage: str, device: str | None) -> dict[str, str]:
-    import torch
-
-    from trainlab.core.repro import git_state
-
     tags: dict[str, str] = {}
     try:  # mlflow's own context tags (user, source name/type), as the fluent API would add them
         from mlflow.tracking.context.registry import resolve_tags
@@ -222,18 +219,17 @@ def _run_tags(params: Params, stage: str, device: str | None) -> dict[str, str]:
         "params_hash": params.section_hash(),
         "data_hash": data_hash(stage),
         "device": _resolve_device_name(params, device),
-        "torch_version": torch.__version__,
     })
+    torch = loaded_torch()  # a stage that never uses torch (the TF-IDF baseline) is not made to load it for a tag
+    if torch is not None:
+        tags["torch_version"] = torch.__version__
     return tags
 
 
 def _environment(device_tag: str | None) -> dict[str, str]:
-    import torch
-
-    from trainlab.core.repro import environment
-
+    torch = loaded_torch()
     try:
-        dev = torch.device(device_tag) if device_tag else None
+        dev = torch.device(device_tag) if device_tag and torch is not None else None
     except (RuntimeError, TypeError):
         dev = None
     try:
