@@ -183,6 +183,7 @@ def build(section: str, overrides: dict, meta: dict, batch: dict):
     if hasattr(model, "fit_vocabulary"):  # the TF-IDF bag's statistics, fitted as training fits them
         model.fit_vocabulary(["[PAD]", "[UNK]", "[CLS]", *(f"word{i}" for i in range(57))])
         model.fit_idf(batch["tokens"])
+        model.host_gather_on_cpu = False  # the candidates' gather CUDA runs (the CPU's finds its slots on the host)
     elif hasattr(model, "fit_ratios"):
         model.fit_ratios(batch["tokens"], batch["labels"])
     return task, getattr(params, section)

@@ -86,12 +86,16 @@ class TfidfBag(nn.Module):
     its words (the buffer `char_table`, filled by `fit_vocabulary`). A feature counts once per occurrence, weighted
     by its idf (smooth, as scikit-learn's; zero for a feature that no training text has), computed from the
     training split by `fit_idf` and saved with the weights. Each vector's norm treats occurrences as distinct
-    features, which keeps the step to gathers and sums (no sort, no host sync). `dropout` drops features while
-    training, before the normalisation.
+    features, which keeps the step to gathers and sums (no sort; no host sync off the CPU). `dropout` drops features
+    while training, before the normalisation.
 
     With `weight_decays` (K candidates) it is K such classifiers over the same features, trained at once: logits
     (N, K, num_classes), head k regularised by its own L2 coefficient through `l2_penalty` (the optimizer then
     decays nothing of the weight); `select_head` returns the chosen one as a plain one-head bag."""
+
+    # The candidates' rows on a CPU: summed over the slots found on the host (_HeldRowsBag); False, or on any other
+    # device, by the graph-safe gather (what tests/engine/test_host_sync.py checks on the CPU for CUDA's sake)
+    host_gather_on_cpu = True
 
     def __init__(self, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0, ngrams: int = 2,
                  buckets: int = 65536, char_ngrams: tuple[int, int] | None = (3, 5), char_buckets: int = 65536,
@@ -191,7 +195,8 @@ class TfidfBag(nn.Module):
         weights = weights.to(self.weight.dtype)
         if not self.weight_decays:
             return self.weighted_rows(ids, weights, bag=False) + self.bias
-        logits = self.weighted_rows(self.rows[ids], weights, bag=ids.device.type == "cpu") + self.bias
+        on_host = self.host_gather_on_cpu and ids.device.type == "cpu"
+        logits = self.weighted_rows(self.rows[ids], weights, bag=on_host) + self.bias
         return logits.view(len(logits), -1, self.num_classes)
 
     def weighted_rows(self, ids: torch.Tensor, weights: torch.Tensor, bag: bool) -> torch.Tensor:
