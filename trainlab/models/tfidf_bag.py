@@ -160,11 +160,13 @@ class TfidfBag(nn.Module):
         counts the texts holding a feature; 0 for the features that no training text holds."""
         tokens = tokens.cpu()
         features = self.idf.numel()
-        rows = torch.arange(tokens.size(0)).unsqueeze(1)
+        texts = torch.arange(tokens.size(0)).unsqueeze(1)
+        words = tokens != self.pad_id  # a padding token has no character n-grams: only the words' are gathered
+        word_ids, char_ids = self.word_ids(tokens), self.char_table[tokens[words]]
         df = torch.zeros(features, dtype=torch.float64)
-        for ids in (self.word_ids(tokens), self.char_ids(tokens)):
+        for ids, text in ((word_ids, texts.expand_as(word_ids)), (char_ids, texts.expand_as(tokens)[words, None])):
             real = ids != self.pad_id
-            pairs = torch.unique((rows * features + ids)[real])  # each (text, feature) once
+            pairs = torch.unique((text * features + ids)[real], sorted=False)  # each (text, feature) once
             df += torch.bincount(pairs % features, minlength=features).double()
         n = tokens.size(0)
         idf = torch.where(df > 0, ((1 + n) / (1 + df)).log() + 1, torch.zeros_like(df))  # padding: df 0, idf 0
