@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from trainlab.core.atomic import atomic_path, write_json
 from trainlab.core.errors import DataError
 
+if TYPE_CHECKING:
+    import torch
+
 SPLITS = ("train", "val", "test")
 META_FILE = "meta.json"
 FORMAT_TAG = {"format": "trainlab-prepared-v1"}
-
-if TYPE_CHECKING:
-    import torch
 
 
 SHARD_BYTES = 64 * 2**20  # a split larger than this is written as several shards of at most about this size

@@ -208,11 +208,9 @@ class TfidfBag(nn.Module):
         backward (index_add) is 2-4x faster on CPU than embedding_bag's, and it replays in a CUDA graph. `bag`:
         embedding_bag over the slots that hold a feature (_HeldRowsBag), which makes no (N, slots, K * C) copy,
         1.5-5x faster on CPU for the K heads' wide rows; it finds those slots on the host (no graph capture), so CPU
-        only."""
-        if bag and not weights.requires_grad:  # (the idf weights never do: _HeldRowsBag gives them no gradient)
+        only, and gives `weights` no gradient (the idf weights never want one)."""
+        if bag and not weights.requires_grad:
             return _HeldRowsBag.apply(ids, weights, self.weight)
-        if bag:
-            return F.embedding_bag(ids, self.weight, per_sample_weights=weights, mode="sum", padding_idx=0)
         rows = self.weight.index_select(0, ids.flatten()).view(*ids.shape, -1)
         return (rows * weights.unsqueeze(-1)).sum(1)
 
