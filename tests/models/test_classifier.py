@@ -161,6 +161,24 @@ def test_build_from_config_round_trip(arch, tmp_path):
     assert rebuilt.config == model.config
 
 
+@pytest.mark.parametrize("stem_pool,block_sizes", [(1, [28, 14, 7]), (2, [14, 7, 4])])
+def test_stem_pool_sets_the_resolution_of_the_residual_stages(stem_pool, block_sizes):
+    model = build_classifier(ClassifierParams(width=8, stem_pool=stem_pool), num_classes=10, in_channels=1)
+    seen = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda _m, _i, out: seen.append(out.shape[-1]))
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert seen == block_sizes
+
+
+def test_a_config_saved_before_stem_pool_rebuilds_the_unpooled_network():
+    pooled = build_classifier(ClassifierParams(width=8, stem_pool=2), num_classes=10, in_channels=1)
+    assert build_from_config("classifier", json.loads(json.dumps(pooled.config))).config["stem_pool"] == 2
+    older = {k: v for k, v in pooled.config.items() if k != "stem_pool"}
+    rebuilt = build_from_config("classifier", older)
+    assert rebuilt.config["stem_pool"] == 1 and not any(isinstance(m, torch.nn.MaxPool2d) for m in rebuilt.modules())
+
+
 def test_the_strided_shortcut_computes_a_strided_1x1_convolution_bitwise():
     from trainlab.models.classifier import StridedPointwise
 

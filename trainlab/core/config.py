@@ -134,6 +134,8 @@ class TrainParams(Section):
 class ClassifierParams(TrainParams):
     arch: Literal["resnet_small", "resnet18", "mobilenet_v3_small", "efficientnet_b0"] = "resnet_small"
     width: int = Field(32, ge=4, le=512)
+    stem_pool: int = Field(1, ge=1, le=8, description="resnet_small: max-pool the stem's output by this factor "
+                           "(1: none), so that the residual stages run at a lower resolution")
     pretrained: str | None = None
     freeze_backbone: bool = False
     head_lr: float | None = Field(None, gt=0, le=10)
