@@ -160,3 +160,26 @@ def test_soft_dice_loss_is_the_one_hot_formula_to_the_bit_and_near_zero_for_a_pe
         assert torch.equal(loss, expected) and torch.equal(grad, expected_grad)
     perfect = F.one_hot(masks, 5).permute(0, 3, 1, 2).float() * 50
     assert float(soft_dice_loss(perfect, masks)) < 1e-3
+
+
+def test_the_head_starts_at_the_class_prior_of_the_training_masks_in_memory_or_on_disk(tmp_path):
+    from trainlab.data.prepared import ShardWriter
+    from trainlab.data.shards import ShardSplit
+    from trainlab.tasks.segmenter import SegmenterCode, class_prior
+
+    masks = torch.zeros(6, 8, 8, dtype=torch.uint8)  # class 0 everywhere but 32 pixels of class 1; class 2 absent
+    masks[1, :2] = 1
+    masks[4, 5:7] = 1
+    prior = class_prior(masks, 3)
+    assert torch.allclose(prior, torch.tensor([353.0, 33.0, 1.0], dtype=torch.float64) / 387)
+    writer = ShardWriter(tmp_path, "train", 64 + 64, shard_bytes=2 * 128)  # masks read lazily from three shards
+    writer.add({"images": torch.zeros(6, 1, 8, 8, dtype=torch.uint8), "masks": masks})
+    writer.close()
+    assert torch.equal(class_prior(ShardSplit(tmp_path, "train")["masks"], 3), prior)
+    assert torch.equal(class_prior(masks, 3, max_masks=2), class_prior(masks[[0, 5]], 3))  # evenly spaced rows
+
+    model = build_segmenter(SegmenterParams(base_channels=4, depth=1), num_classes=3, in_channels=1)
+    SegmenterCode().fit_statistics(model, {"masks": masks}, None)
+    assert torch.allclose(model.head.bias.softmax(0).double(), prior, atol=1e-6)
+    model.head.weight.data.zero_()
+    assert torch.allclose(model(torch.rand(2, 1, 8, 8)).softmax(1)[0, :, 3, 3].double(), prior, atol=1e-6)

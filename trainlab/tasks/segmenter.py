@@ -67,6 +67,14 @@ def segmentation_trainable(model: nn.Module, num_classes: int, dice_weight: floa
 
 
 
+def class_prior(masks, num_classes: int, max_masks: int = 4096) -> torch.Tensor:
+    """Pixel frequency of each class in up to `max_masks` evenly spaced masks (a tensor, or a split read from disk),
+    add-one smoothed so that a class never seen still has a finite log."""
+    rows = torch.linspace(0, len(masks) - 1, min(len(masks), max_masks)).long()
+    counts = torch.bincount(masks[rows].flatten().long(), minlength=num_classes)[:num_classes].double()
+    return (counts + 1) / (counts.sum() + num_classes)
+
+
 class SegmenterCode(TaskCode):
     spec_name = "segmenter"
     params_type = SegmenterParams
@@ -80,6 +88,11 @@ class SegmenterCode(TaskCode):
             return segmentation_trainable(model, meta["num_classes"])
         return segmentation_trainable(model, meta["num_classes"], cfg.dice_weight, cfg.augment, cfg.label_smoothing,
                                  cfg.crop_size, meta.get("symmetries", "none"), meta.get("class_names"))
+
+    def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
+        """The head's biases start at the log class frequencies of the training masks (RetinaNet's prior init): the
+        first predictions are the class prior, not uniform over classes, and the first epochs learn shapes sooner."""
+        model.head.bias.data.copy_(class_prior(train["masks"], model.head.out_channels).log())
 
     def check_inputs(self, x: torch.Tensor, y: torch.Tensor, meta: dict, path: Path, meta_file: Path) -> None:
         super().check_inputs(x, y, meta, path, meta_file)
