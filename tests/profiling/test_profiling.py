@@ -77,6 +77,23 @@ def test_flops_per_step_extrapolates_exactly():
     assert all(p.grad is None for p in task.model.parameters())
 
 
+def test_flops_of_a_pooled_classifier_on_images_that_end_at_1x1_are_counted_and_exact():
+    """8x8 images through a pooled classifier end at 1x1: one sample leaves a training BatchNorm one value per
+    channel (an error), so the count takes 2 and 3 samples, and extrapolates exactly."""
+    from trainlab.jobs.train import build_trainable
+
+    params = Params(classifier=ClassifierParams(width=8, stem_pool=2))
+    task = build_trainable("classifier", params, {"num_classes": 10, "channels": 1})
+    batch = {"images": torch.randint(0, 256, (6, 1, 8, 8), dtype=torch.uint8), "labels": torch.arange(6) % 10}
+    flops = flops_per_step(task, batch)
+    x = batch["images"].float()
+    assert flops["infer"] == count_flops(lambda: task.model.eval()(x))
+    for n in (2, 3):
+        assert flops_per_step(task, {k: v[:n] for k, v in batch.items()})["infer"] == \
+            count_flops(lambda n=n: task.model.eval()(x[:n]))
+    assert 2.0 < flops["train"] / flops["infer"] <= 3.0
+
+
 # --- peaks -------------------------------------------------------------------------------------------------------
 
 

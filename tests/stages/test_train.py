@@ -20,10 +20,11 @@ from trainlab.tasks.saved import load_saved_model
 from trainlab.tracking.lineage import file_md5
 
 REPO = Path(__file__).resolve().parents[2]
-# A bare environment, but the thread count of this test process (tests/conftest.py sets one per xdist worker): the
-# numbers compared bit for bit depend on it.
+# A bare environment, but the thread count of this test process (tests/conftest.py sets one per xdist worker) and
+# the instruction set it is held to, if any (docs/reproducibility.md): the numbers compared bit for bit depend on them.
 BARE_ENV = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-            **{k: v for k, v in os.environ.items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+            **{k: v for k, v in os.environ.items()
+               if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}}
 TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
 TINY = {
     "base": {"seed": 3, "precision": "fp32"},  # the text bag test compares the fp32 rebuild with the stage

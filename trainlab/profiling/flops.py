@@ -41,8 +41,9 @@ def flops_per_step(trainable: Trainable, batch: Batch) -> dict[str, int]:
     """FLOPs of one train step (prepare + forward + loss + backward; the optimizer's elementwise update is not
     counted) and of one inference step on `batch`, counted in fp32 eager on a copy of the model.
 
-    Counted on 1 and 2 samples and extrapolated linearly to the batch (FLOPs are affine in the batch size for
-    these layers), so the count costs three tiny steps, not a full-batch step.
+    Counted on 2 and 3 samples and extrapolated linearly to the batch (FLOPs are affine in the batch size for
+    these layers), so the count costs tiny steps, not a full-batch step; not on 1 sample, whose 1x1 feature maps
+    (small images through a pooled network) leave a training BatchNorm one value per channel, an error.
     """
     device = next(iter(batch.values())).device
     model = copy.deepcopy(trainable.model).to(device).float()
@@ -67,11 +68,12 @@ def flops_per_step(trainable: Trainable, batch: Batch) -> dict[str, int]:
     torch.set_num_threads(1)
     try:
         for phase, fn in (("train", train), ("infer", infer)):
-            counts = [count_flops(lambda n=n, fn=fn: fn({k: v[:n] for k, v in batch.items()})) for n in (1, 2)]
-            if batch_size <= 2:
-                out[phase] = counts[batch_size - 1]
+            sizes = [n for n in (2, 3) if n <= batch_size] or [batch_size]
+            counts = [count_flops(lambda n=n, fn=fn: fn({k: v[:n] for k, v in batch.items()})) for n in sizes]
+            if batch_size in sizes:
+                out[phase] = counts[sizes.index(batch_size)]
             else:
-                out[phase] = counts[0] + (counts[1] - counts[0]) * (batch_size - 1)
+                out[phase] = counts[0] + (counts[1] - counts[0]) * (batch_size - 2)
     finally:
         torch.set_num_threads(threads)
     return out
