@@ -139,6 +139,18 @@ def test_settings_matrix(monkeypatch):
     assert setting_name(cpu_runtime(channels_last=True), conv=False) == "fp32"
 
 
+def test_settings_matrix_used_is_the_training_setting_and_plain_fp32():
+    bf16 = cpu_runtime(precision="bf16", channels_last=True)
+    assert list(settings_matrix(bf16, conv=True, compile=False, which="used")) == ["fp32", "bf16_channels_last"]
+    assert list(settings_matrix(bf16, conv=False, compile=True, which="used")) == ["fp32", "bf16", "bf16_compile"]
+    fp32 = cpu_runtime(precision="fp32", channels_last=True)
+    assert list(settings_matrix(fp32, conv=True, compile=False, which="used")) == ["fp32", "fp32_channels_last"]
+    # the training setting is the baseline itself: measured once
+    assert list(settings_matrix(fp32, conv=False, compile=False, which="used")) == ["fp32"]
+    with pytest.raises(ValueError, match="settings"):
+        settings_matrix(fp32, conv=True, compile=False, which="some")
+
+
 def test_time_step_fits_a_budget():
     calls = []
 

@@ -220,6 +220,8 @@ class ProfileParams(Section):
     repeats: int = Field(3, ge=1)
     compile: bool = False
     trace: bool = True
+    # used: the training stages' setting and the plain fp32 baseline; all: every precision x memory layout
+    settings: Literal["used", "all"] = "used"
 
 
 class TrackingParams(Section):

@@ -165,7 +165,7 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
     seed_everything(params.base.seed)
     tasks = list(tasks or names())
     loaded = [load_model(name, params, data_root, models_root, runtime.device) for name in tasks]
-    matrices = {m.name: settings_matrix(runtime, m.task.conv, cfg.compile) for m in loaded}
+    matrices = {m.name: settings_matrix(runtime, m.task.conv, cfg.compile, cfg.settings) for m in loaded}
     precisions = list(dict.fromkeys(r.precision for mat in matrices.values() for r in mat.values()))
 
     with start_run(params, stage="profile", device=str(runtime.device)) as tracker:

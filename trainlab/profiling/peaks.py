@@ -66,7 +66,7 @@ def matmul_peak_flops(device: torch.device | str, dtype: torch.dtype | str, repe
         dtype = _TORCH_DTYPES[dtype]
     gpu = device.type != "cpu"
     sizes = sizes or ((2048, 4096, 8192) if gpu else (512, 1024, 2048, 4096))
-    budget_s = budget_s if budget_s is not None else (2.0 if gpu else 5.0)
+    budget_s = budget_s if budget_s is not None else 2.0
     per_timing = 10 if gpu else 1  # matmuls per timed call: amortises launch overhead on a GPU
     best, spent = 0.0, 0.0
     for n in sizes:

@@ -40,18 +40,29 @@ def autocast_precisions(device: torch.device) -> list[str]:
     return ["fp16"]
 
 
-def settings_matrix(base: Runtime, conv: bool, compile: bool) -> dict[str, Runtime]:
-    """fp32 and each autocast dtype, channels_last off/on for conv nets, and (when `compile`) one compiled
-    variant of the fastest-looking setting (lowest precision, channels_last for conv nets)."""
+def settings_matrix(base: Runtime, conv: bool, compile: bool, which: str = "all") -> dict[str, Runtime]:
+    """The settings to measure. `which="all"`: fp32 and each autocast dtype, channels_last off/on for conv nets.
+    `which="used"`: the setting the training stages use (`base`'s precision and layout) and plain fp32 (NCHW), the
+    baseline it is compared with. Either way, when `compile`, one compiled variant: of the fastest-looking setting
+    (lowest precision, channels_last for conv nets) for "all", of the used one for "used"."""
+    if which not in ("all", "used"):
+        raise ValueError(f"settings: expected 'all' or 'used', got {which!r}")
     plain = dataclasses.replace(base, compile=False)
-    precisions = ["fp32", *autocast_precisions(base.device)]
     settings: dict[str, Runtime] = {}
-    for precision in precisions:
-        for channels_last in ((False, True) if conv else (False,)):
-            runtime = dataclasses.replace(plain, precision=precision, channels_last=channels_last)
+    if which == "used":
+        for runtime in (dataclasses.replace(plain, precision="fp32", channels_last=False),
+                        dataclasses.replace(plain, channels_last=conv and base.channels_last)):
             settings[setting_name(runtime, conv)] = runtime
+        fastest = runtime
+    else:
+        precisions = ["fp32", *autocast_precisions(base.device)]
+        for precision in precisions:
+            for channels_last in ((False, True) if conv else (False,)):
+                runtime = dataclasses.replace(plain, precision=precision, channels_last=channels_last)
+                settings[setting_name(runtime, conv)] = runtime
+        fastest = dataclasses.replace(plain, precision=precisions[-1], channels_last=conv)
     if compile:
-        runtime = dataclasses.replace(plain, precision=precisions[-1], channels_last=conv, compile=True)
+        runtime = dataclasses.replace(fastest, compile=True)
         settings[setting_name(runtime, conv)] = runtime
     return settings
 
