@@ -74,7 +74,8 @@ FALLBACK_INDEX = CONCURRENT - 1  # this one is pointed at an unreachable server,
 def tracked_runs(tmp_path_factory, prepared):
     """Four classifier trainings started together in one folder, all logging to its default `sqlite:///mlflow.db`
     (the last one via an unreachable server URL with credentials in it and `tracking.fallback_to_local`); secrets in
-    the environment. Returns (folder, [(exit code, output, params dict)] in order)."""
+    the environment; 8 epochs each, so that the runs overlap in time even after the fallback one's probe of its
+    unreachable server. Returns (folder, [(exit code, output, params dict)] in order)."""
     import socket
     import subprocess
 
@@ -91,7 +92,7 @@ def tracked_runs(tmp_path_factory, prepared):
         if i == FALLBACK_INDEX:
             tracking.update(uri=f"http://alice:{URL_PASSWORD}@127.0.0.1:{closed_port}", fallback_to_local=True)
         params = tiny_params({"base": {"seed": 10 + i}, "tracking": tracking,
-                              "classifier": {"epochs": 3, "batch_size": 256, "checkpoint_every_steps": 0}})
+                              "classifier": {"epochs": 8, "batch_size": 256, "checkpoint_every_steps": 0}})
         write_params(root / f"params_{i}.yaml", params)
         runs.append(params)
     started = time.perf_counter()

@@ -119,7 +119,7 @@ def test_four_processes_logging_at_once_to_the_default_sqlite_store_lose_nothing
     by_id = {r.info.run_id: r for r in found}
     # the runs overlapped in time: they really wrote at once
     spans = sorted((r.info.start_time, r.info.end_time) for r in found)
-    assert all(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+    assert all(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
 
     epoch_keys = {"step", "train_loss", "lr", "samples_per_s", "val_loss", "val_accuracy", "val_macro_f1"}
     final_keys = {"test_loss", "test_accuracy", "test_macro_f1", "params_total", "params_trainable", "epochs",

@@ -86,9 +86,7 @@ def test_signature_example_artifacts_and_pinned_requirements(root, monkeypatch):
     artifacts = model.flavors["python_function"]["artifacts"]
     folder = local / artifacts["model"]["path"]
     assert {"model.safetensors", "config.json", "preprocessing.json", "info.json"} <= {p.name for p in folder.iterdir()}
-    tensor = local / artifacts["tensor_model"]["path"]
-    assert "pytorch" in Model.load(str(tensor)).flavors
-    assert (tensor / "data" / "model.pt2").is_file()  # the tensor-level torch.export model, kept beside it
+    assert set(artifacts) == {"model"}  # tracking.log_tensor_model is off by default: no torch.export at the end
     assert not list(local.rglob("*.pkl"))  # models from code: no pickled model object
     requirements = (local / "requirements.txt").read_text().split()
     assert f"torch=={torch.__version__.split('+')[0]}" in requirements or any(
@@ -113,8 +111,9 @@ def test_bad_rows_are_named_in_one_error(root, monkeypatch):
 
 
 def spooled_log_model(root: Path, store: Path, old_format: bool) -> tuple[str, Path]:
-    """A spool holding one classifier log_model call, written as a training stage writes it (old_format: as
-    spools were written before raw-input models, without the model folder and raw example)."""
+    """A spool holding one classifier log_model call, written as a training stage writes it with
+    tracking.log_tensor_model on (old_format: as spools were written before raw-input models, without the model
+    folder and raw example)."""
     from safetensors.torch import load_file
 
     from trainlab.serving.flavor import raw_example
@@ -132,7 +131,8 @@ def spooled_log_model(root: Path, store: Path, old_format: bool) -> tuple[str, P
     call = Call(1, "log_model", {"model": model, "name": "classifier", "input_example": example,
                                  "registered_model_name": "trainlab-classifier",
                                  "model_dir": str(root / "models" / "classifier"),
-                                 "raw_example": raw_example("classifier", test, root / "data/prepared/classification")})
+                                 "raw_example": raw_example("classifier", test, root / "data/prepared/classification"),
+                                 "tensor_model": True})  # tracking.log_tensor_model: true
     folder = write_spool(store / "spool" / "train_classifier-key", {
         "stage": "train_classifier", "key": "key", "tracking_uri": uri, "run_id": run_id,
         "experiment_id": experiment, "register_models": True}, [call])
@@ -162,7 +162,12 @@ def test_a_spooled_model_replays_raw_input_and_an_old_spool_tensor_level(root, t
     if old_format:
         assert "pytorch" in flavors and "artifacts" not in flavors["python_function"]
     else:
-        assert "model" in flavors["python_function"]["artifacts"]
+        artifacts = flavors["python_function"]["artifacts"]
+        assert set(artifacts) == {"model", "tensor_model"}
+        local = Path(mlflow.artifacts.download_artifacts("models:/trainlab-classifier/1"))
+        tensor = local / artifacts["tensor_model"]["path"]
+        assert "pytorch" in Model.load(str(tensor)).flavors
+        assert (tensor / "data" / "model.pt2").is_file()  # the bare network, torch.export'ed, kept beside the folder
         loaded = mlflow.pyfunc.load_model("models:/trainlab-classifier/1")
         assert list(loaded.predict(pd.DataFrame({"image": [png(np.zeros((28, 28), np.uint8))]})).columns)[0] == "label"
     replay(folder)  # again: idempotent, no second version

@@ -73,6 +73,29 @@ def test_calls_return_at_once_and_are_made_in_order_after_an_outage():
     assert not tracker.failed.is_set()
 
 
+def test_prepare_runs_on_the_thread_once_the_run_is_open_and_before_the_first_call():
+    server, seen = FlakyServer(), []
+
+    def prepare():
+        seen.append((threading.current_thread().name, list(server.made)))
+
+    tracker = QueuedTracker(opened, queue_size=100, execute=server.execute, prepare=prepare)
+    tracker.log_params({"a": 1})
+    assert tracker.finish("FINISHED", grace_s=30)
+    assert seen == [("trainlab-tracking-queue", [])]  # once, on the queue's thread, before any call was made
+    assert [name for name, _ in server.made] == ["log_params", "end_run"]
+
+
+def test_the_end_wakes_the_thread_and_follows_every_call_queued_before_it():
+    server = FlakyServer()
+    tracker = QueuedTracker(opened, queue_size=100, execute=server.execute)
+    for step in range(1, 4):
+        tracker.log_metrics({"loss": 1.0}, step=step)
+    assert tracker.finish("FINISHED", grace_s=30)
+    assert [name for name, _ in server.made] == ["log_metrics"] * 3 + ["end_run"]
+    assert not tracker.abandon(join_s=1)  # finish()'s wake-up is not a call left over
+
+
 def test_an_outage_longer_than_the_grace_leaves_the_calls_left_in_order():
     server = FlakyServer()
     tracker = QueuedTracker(opened, queue_size=100, execute=server.execute)

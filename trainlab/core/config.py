@@ -229,6 +229,7 @@ class TrackingParams(Section):
     uri: str | None = None
     experiment: str = Field("trainlab", min_length=1)
     register_models: bool = True
+    log_tensor_model: bool = False  # also torch.export the bare network into the logged model (about 1 s more)
     fallback_to_local: bool = False
     connect_timeout_s: float = Field(5, gt=0, le=120)
     # Each MLflow HTTP request (MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES); calls that still fail stay queued

@@ -222,7 +222,7 @@ def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Tr
 
     params, cfg, ctx = job.params, job.cfg, distributed.context()
     tracking = (start_run_in_background(params, stage=f"train_{job.name}", spool_key=run_key,
-                                        keep_outputs=keeper(job.model_dir, job.reports_dir),
+                                        keep_outputs=keeper(job.model_dir, job.reports_dir), logs_model=True,
                                         datasets=split_inputs(job.data_dir))
                 if ctx.is_main else nullcontext(NullTracker()))
     with tracking as tracker:
@@ -323,4 +323,5 @@ def log_model(job: TrainingJob, trained: Trained, tracker, test_split: dict[str,
     raw = served(name, job.model_dir)
     tracker.log_model(model, name=name, input_example=input_example(test_split, trained.task).cpu(),
                       registered_model_name=registered, model_dir=job.model_dir if raw else None,
-                      raw_example=raw_example(name, test_split, job.data_dir) if raw else None)
+                      raw_example=raw_example(name, test_split, job.data_dir) if raw else None,
+                      tensor_model=job.params.tracking.log_tensor_model)

@@ -26,6 +26,7 @@ from trainlab.tracking.tracker import (
     check_model_call,
     flatten_params,
     metric_values,
+    prepare_model_logging,
 )
 from trainlab.tracking.uri import configure_http, resolve_tracking_uri
 
@@ -58,9 +59,10 @@ class QueuedTracker:
     `failed` and `error`, and every later call raises that error."""
 
     def __init__(self, opener: Callable[[], Any], queue_size: int, execute: Callable[[Any, Call], None],
-                 tracking_uri: str = "") -> None:
+                 tracking_uri: str = "", prepare: Callable[[], None] | None = None) -> None:
         self._opener = opener
-        self._queue: queue.Queue[Call] = queue.Queue(maxsize=queue_size)
+        self._prepare = prepare  # work done on the thread once the run is open, before the first call
+        self._queue: queue.Queue[Call | None] = queue.Queue(maxsize=queue_size)  # None: finish()'s wake-up
         self._execute = execute
         self._seq = 0
         self._head: Call | None = None  # the call being made (kept until it succeeds)
@@ -121,11 +123,13 @@ class QueuedTracker:
         self.put("log_artifact", path=str(artifact_file(path).resolve()), artifact_path=artifact_path)
 
     def log_model(self, model: Any, name: str, input_example: Any, registered_model_name: str | None = None,
-                  model_dir: str | os.PathLike | None = None, raw_example: dict[str, list[Any]] | None = None) -> None:
+                  model_dir: str | os.PathLike | None = None, raw_example: dict[str, list[Any]] | None = None,
+                  tensor_model: bool = False) -> None:
         check_model_call(name, input_example)
         self.put("log_model", model=model, name=name, input_example=input_example,
                  registered_model_name=registered_model_name,
-                 model_dir=None if model_dir is None else str(Path(model_dir).resolve()), raw_example=raw_example)
+                 model_dir=None if model_dir is None else str(Path(model_dir).resolve()), raw_example=raw_example,
+                 tensor_model=tensor_model)
 
     def put(self, method: str, /, **kwargs: Any) -> None:
         if self.error is not None:
@@ -149,6 +153,8 @@ class QueuedTracker:
             if self.run is None:
                 self._abort.wait(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
+        if self._prepare is not None and not self._abort.is_set():
+            self._prepare()
         delay = 0.5
         while not self._abort.is_set():
             if self._head is None:
@@ -195,10 +201,13 @@ class QueuedTracker:
 
     def _next(self) -> Call | None:
         try:
-            return self._queue.get(timeout=0.2)
+            call = self._queue.get(timeout=0.2)
         except queue.Empty:
-            end, self._end = self._end, None  # the run's end comes after every call queued before it
-            return end
+            call = None
+        if call is not None:
+            return call
+        end, self._end = self._end, None  # the run's end comes after every call queued before it
+        return end
 
     # -- the end ---------------------------------------------------------------------------------------------------
 
@@ -208,6 +217,10 @@ class QueuedTracker:
         (calls dropped because the queue was full were reported when they were dropped)."""
         self._seq += 1
         self._end = Call(self._seq, "end_run", {"status": status})
+        try:  # wakes the thread as soon as the calls before it are made (rather than at its next 0.2 s poll)
+            self._queue.put_nowait(None)
+        except queue.Full:  # the thread has calls to make: it comes back to the queue soon enough
+            pass
         started = time.monotonic()
         while self._thread.is_alive():
             self._thread.join(0.5)
@@ -226,9 +239,11 @@ class QueuedTracker:
         left = [self._head] if self._head is not None else []
         while True:
             try:
-                left.append(self._queue.get_nowait())
+                call = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if call is not None:  # not finish()'s wake-up
+                left.append(call)
         if self._end is not None:
             left.append(self._end)
         self._head = self._end = None
@@ -237,7 +252,7 @@ class QueuedTracker:
 
 @contextmanager
 def start_run_in_background(params: Params, stage: str, spool_key: str | None = None,
-                            keep_outputs: Callable[[Path], None] | None = None,
+                            keep_outputs: Callable[[Path], None] | None = None, logs_model: bool = False,
                             **kwargs: Any) -> Iterator[QueuedTracker | NullTracker]:
     """A training stage's run (`trainlab.tracking.runs.start_run`'s arguments in `kwargs`), opened on a thread so that
     importing MLflow and opening the store overlap the stage's own start, and logged through a QueuedTracker. The
@@ -247,24 +262,27 @@ def start_run_in_background(params: Params, stage: str, spool_key: str | None = 
 
     The caller passes the tracker's ``failed`` event to the engine (`fit`'s stop), so that training stops at its next
     step (with a checkpoint to resume from) when the store refuses the run or a call; that refusal is what this
-    raises then (exit 6)."""
+    raises then (exit 6). `logs_model`: the body will log a model; what that needs once per process is prepared on the
+    thread while the body runs (trainlab.tracking.tracker.prepare_model_logging)."""
     if not params.tracking.enabled:
         yield NullTracker()
         return
     uri = resolve_tracking_uri(params)
     configure_http(params.tracking.request_timeout_s, params.tracking.request_retries)
     opener = RunOpener(lambda: plan_run(params, stage, uri, **kwargs))
-    with queued_run(opener, params.tracking, stage, spool_key, keep_outputs, uri) as tracker:
+    prepare = prepare_model_logging if logs_model else None
+    with queued_run(opener, params.tracking, stage, spool_key, keep_outputs, uri, prepare) as tracker:
         yield tracker
 
 
 @contextmanager
 def queued_run(opener: RunOpener, tracking: TrackingParams, stage: str, spool_key: str | None = None,
-               keep_outputs: Callable[[Path], None] | None = None, uri: str = "") -> Iterator[QueuedTracker]:
+               keep_outputs: Callable[[Path], None] | None = None, uri: str = "",
+               prepare: Callable[[], None] | None = None) -> Iterator[QueuedTracker]:
     """A QueuedTracker for the run `opener` opens. When the body is done, wait for the queue: a refusal is raised
     (exit 6); a server that has not answered for `tracking.outage_grace_s` gets the calls left spooled under
     `spool_key` and TrackingOutage (exit 6)."""
-    tracker = QueuedTracker(opener, tracking.queue_size, spool.execute, uri)
+    tracker = QueuedTracker(opener, tracking.queue_size, spool.execute, uri, prepare)
     try:
         yield tracker
     except BaseException as exc:

@@ -59,7 +59,7 @@ def execute(tracker: Any, call: Call) -> None:
         tracker.log_metrics(kw["metrics"], step=kw["step"], timestamp_ms=kw["timestamp_ms"])
     elif call.name == "log_model":
         log_model_once(tracker, kw["model"], kw["name"], kw["input_example"], kw["registered_model_name"],
-                       kw.get("model_dir"), kw.get("raw_example"))
+                       kw.get("model_dir"), kw.get("raw_example"), kw.get("tensor_model", False))
     elif call.name == "log_saved_model":
         from safetensors.torch import load_file
 
@@ -71,7 +71,8 @@ def execute(tracker: Any, call: Call) -> None:
         # a spool written before raw-input models has no model/ copy: its model is logged tensor-level, as then
         model_dir = folder / SPOOLED_MODEL if (folder / SPOOLED_MODEL).is_dir() else None
         raw = read_raw_example(folder / RAW_EXAMPLE) if (folder / RAW_EXAMPLE).is_file() else None
-        log_model_once(tracker, model, kw["name"], example, kw["registered_model_name"], model_dir, raw)
+        log_model_once(tracker, model, kw["name"], example, kw["registered_model_name"], model_dir, raw,
+                       kw.get("tensor_model", False))
     elif call.name == "end_run":
         tracker.end(kw["status"])
     else:
@@ -79,7 +80,8 @@ def execute(tracker: Any, call: Call) -> None:
 
 
 def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered: str | None,
-                   model_dir: str | Path | None = None, raw_example: dict[str, list[Any]] | None = None) -> None:
+                   model_dir: str | Path | None = None, raw_example: dict[str, list[Any]] | None = None,
+                   tensor_model: bool = False) -> None:
     """Log `model` under `name` unless the run already has a READY model of that name (a half-logged one is
     deleted first); register it unless the registered model already has a version from this run."""
     client = tracker._client
@@ -97,7 +99,7 @@ def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered
         tracker.last_model_uri = f"models:/{model_id}"
     else:
         tracker.log_model(model, name, example, registered_model_name=None, model_dir=model_dir,
-                          raw_example=raw_example)
+                          raw_example=raw_example, tensor_model=tensor_model)
         model_id = tracker.last_model_uri.rsplit("/", 1)[-1]
     if not registered or not tracker.register_models:
         return
@@ -157,7 +159,8 @@ def _serialise(call: Call, root: Path) -> dict[str, Any]:
             write_raw_example(files / RAW_EXAMPLE, kw["raw_example"])
         return {"seq": call.seq, "name": "log_saved_model",
                 "kwargs": {"folder": f"files/{call.seq}", "task": kw["name"], "name": kw["name"],
-                           "registered_model_name": kw["registered_model_name"]}}
+                           "registered_model_name": kw["registered_model_name"],
+                           "tensor_model": bool(kw.get("tensor_model", False))}}
     return {"seq": call.seq, "name": call.name, "kwargs": kw}
 
 

@@ -106,7 +106,7 @@ class NullTracker:
 
     def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
                   registered_model_name: str | None = None, model_dir: str | os.PathLike | None = None,
-                  raw_example: dict[str, list[Any]] | None = None) -> str | None:
+                  raw_example: dict[str, list[Any]] | None = None, tensor_model: bool = False) -> str | None:
         check_model_call(name, input_example)
         return None
 
@@ -182,16 +182,17 @@ class MlflowTracker:
 
     def log_model(self, model: torch.nn.Module, name: str, input_example: Any,
                   registered_model_name: str | None = None, model_dir: str | os.PathLike | None = None,
-                  raw_example: dict[str, list[Any]] | None = None) -> str | None:
+                  raw_example: dict[str, list[Any]] | None = None, tensor_model: bool = False) -> str | None:
         """Log a model (``name=``, MLflow 3) with an input example; register it when asked and allowed.
 
         With `model_dir` (the folder a training stage wrote, with its preprocessing.json) and `raw_example` (a
-        few raw inputs): an MLflow pyfunc on raw inputs (trainlab.serving), whose artifacts hold the folder and
-        the tensor-level model. Without them (a spool written before raw-input models): the tensor-level torch
-        model alone. The tensor-level model is saved in MLflow's safe 'pt2' format (torch.export of a CPU,
-        eval-mode copy); a model that cannot be exported falls back to 'pickle' with a warning. Pip requirements
-        are pinned from the installed packages (no inference subprocess, no network). Returns the registered
-        version, or None when not registered (no name given, or ``tracking.register_models`` is false).
+        few raw inputs): an MLflow pyfunc on raw inputs (trainlab.serving), whose artifacts hold the folder and,
+        with `tensor_model` (``tracking.log_tensor_model``), the tensor-level model. Without them (a spool written
+        before raw-input models): the tensor-level torch model alone. The tensor-level model is saved in MLflow's
+        safe 'pt2' format (torch.export of a CPU, eval-mode copy: about 1 s for the default models on a 2-core CPU,
+        hence off by default); a model that cannot be exported falls back to 'pickle' with a warning. Pip
+        requirements are pinned from the installed packages (no inference subprocess, no network). Returns the
+        registered version, or None when not registered (no name given, or ``tracking.register_models`` is false).
         """
         check_model_call(name, input_example)
         example = _example_array(input_example)
@@ -204,7 +205,8 @@ class MlflowTracker:
                 warnings.filterwarnings("ignore", message="No complete tensor found in the group",
                                         category=UserWarning)
                 if raw_inputs:
-                    info = self._log_pyfunc(export_model, name, example, Path(model_dir), raw_example)
+                    info = self._log_pyfunc(export_model if tensor_model else None, name, example, Path(model_dir),
+                                            raw_example)
                 else:
                     info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
         finally:
@@ -239,17 +241,18 @@ class MlflowTracker:
                   "logging it in MLflow's pickle format instead", file=sys.stderr)
             return self._log_model_as(model, name, example, "pickle", fallback=False)
 
-    def _log_pyfunc(self, model: Any, name: str, example: Any, model_dir: Path,
+    def _log_pyfunc(self, model: Any | None, name: str, example: Any, model_dir: Path,
                     raw_example: dict[str, list[Any]]) -> Any:
         """The pyfunc on raw inputs (trainlab/serving/pyfunc_model.py, "models from code") with the model folder,
-        the tensor-level model, trainlab's code, a signature and a raw input example."""
+        the tensor-level model when `model` is given, trainlab's code, a signature and a raw input example."""
         import mlflow
         import mlflow.pyfunc
         from mlflow.models import Model
 
         with tempfile.TemporaryDirectory(prefix="trainlab-model-") as tmp:
-            tensor_model = Path(tmp) / flavor.TENSOR_ARTIFACT
-            _save_tensor_model(model, tensor_model, example, name)
+            tensor_model = Path(tmp) / flavor.TENSOR_ARTIFACT if model is not None else None
+            if tensor_model is not None:
+                _save_tensor_model(model, tensor_model, example, name)
             run_params = retry(self._client.get_run, self.run_id).data.params
             logged = retry(mlflow.initialize_logged_model, name=name, source_run_id=self.run_id,
                             experiment_id=self.experiment_id, params=run_params)
@@ -287,6 +290,18 @@ class MlflowTracker:
             warnings.warn(f"registered {registered_model_name} v{version.version} but could not link it on "
                           f"the logged model: {exc}", RuntimeWarning, stacklevel=3)
         return str(version.version)
+
+
+def prepare_model_logging() -> None:
+    """Build, once per process, the map of installed distributions to modules that MLflow's check of a model's pinned
+    requirements reads (in Model.log): about 1.3 s on a 2-core CPU, so a stage's queue thread does it while training
+    runs rather than after it. Best effort: the check builds it itself if this could not."""
+    try:
+        from mlflow.utils import requirements_utils
+
+        requirements_utils._init_modules_to_packages_map()  # MLflow's own cache (a private helper: hence the try)
+    except Exception:  # noqa: BLE001 - only a head start; logging the model works without it
+        pass
 
 
 def _save_tensor_model(model: Any, path: Path, example: Any, name: str) -> None:
