@@ -141,6 +141,29 @@ def test_mlflow_run_params_metrics_and_registered_model(trained, name):
     assert any(v.run_id == run.info.run_id for v in versions)
 
 
+def logged_model_artifacts(root: Path, name: str, reports: str) -> set[str]:
+    """The artifacts of the pyfunc the stage that wrote `reports`/run.json logged (its model folder, ...)."""
+    from mlflow.models import Model
+
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(json.loads((root / reports / "run.json").read_text())["mlflow_run_id"])
+    [logged] = client.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                           filter_string=f"source_run_id = '{run.info.run_id}' AND name = '{name}'")
+    local = mlflow.artifacts.download_artifacts(f"models:/{logged.model_id}", tracking_uri=uri)
+    return set(Model.load(local).flavors["python_function"]["artifacts"])
+
+
+def test_the_tensor_level_model_is_logged_only_when_asked(trained):
+    assert logged_model_artifacts(trained, "classifier", "reports/classifier") == {"model"}  # the default
+    params = {**TINY, "classifier": {**TINY["classifier"], "epochs": 1, "max_steps": 2},
+              "tracking": {"log_tensor_model": True}}
+    (trained / "params_tensor.yaml").write_text(yaml.safe_dump(params))
+    train_classifier.main(["data/prepared/classification", "models/classifier_tensor", "reports/classifier_tensor",
+                           "--params", "params_tensor.yaml"])
+    assert logged_model_artifacts(trained, "classifier", "reports/classifier_tensor") == {"model", "tensor_model"}
+
+
 def test_same_params_twice_gives_identical_metrics(trained, tmp_path):
     """Retrain the classifier in a copy of the workspace: metrics.json is identical to the last digit."""
     copy = tmp_path / "again"
