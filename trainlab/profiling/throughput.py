@@ -48,23 +48,17 @@ def settings_matrix(base: Runtime, conv: bool, compile: bool, which: str = "all"
     if which not in ("all", "used"):
         raise ValueError(f"settings: expected 'all' or 'used', got {which!r}")
     plain = dataclasses.replace(base, compile=False)
-    settings: dict[str, Runtime] = {}
     if which == "used":
-        for runtime in (dataclasses.replace(plain, precision="fp32", channels_last=False),
-                        dataclasses.replace(plain, channels_last=conv and base.channels_last)):
-            settings[setting_name(runtime, conv)] = runtime
-        fastest = runtime
+        fastest = dataclasses.replace(plain, channels_last=conv and base.channels_last)
+        runtimes = [dataclasses.replace(plain, precision="fp32", channels_last=False), fastest]
     else:
         precisions = ["fp32", *autocast_precisions(base.device)]
-        for precision in precisions:
-            for channels_last in ((False, True) if conv else (False,)):
-                runtime = dataclasses.replace(plain, precision=precision, channels_last=channels_last)
-                settings[setting_name(runtime, conv)] = runtime
+        runtimes = [dataclasses.replace(plain, precision=precision, channels_last=channels_last)
+                    for precision in precisions for channels_last in ((False, True) if conv else (False,))]
         fastest = dataclasses.replace(plain, precision=precisions[-1], channels_last=conv)
     if compile:
-        runtime = dataclasses.replace(fastest, compile=True)
-        settings[setting_name(runtime, conv)] = runtime
-    return settings
+        runtimes.append(dataclasses.replace(fastest, compile=True))
+    return {setting_name(runtime, conv): runtime for runtime in runtimes}
 
 
 @dataclass

@@ -198,15 +198,15 @@ class MlflowTracker:
         example = _example_array(input_example)
         raw_inputs = model_dir is not None and raw_example is not None and (Path(model_dir) /
                                                                             "preprocessing.json").is_file()
-        export_model, restore = exportable(model)
+        exported = tensor_model or not raw_inputs  # the tensor-level model is logged: torch.export of a CPU copy
+        export_model, restore = exportable(model) if exported else (None, lambda: None)
         try:
             with global_tracking_uri(self.tracking_uri), warnings.catch_warnings():
                 # torch.export.save says this for channels_last weights; harmless for a CPU model.
                 warnings.filterwarnings("ignore", message="No complete tensor found in the group",
                                         category=UserWarning)
                 if raw_inputs:
-                    info = self._log_pyfunc(export_model if tensor_model else None, name, example, Path(model_dir),
-                                            raw_example)
+                    info = self._log_pyfunc(export_model, name, example, Path(model_dir), raw_example)
                 else:
                     info = self._log_model_as(export_model, name, example, "pt2", fallback=True)
         finally:
