@@ -86,6 +86,22 @@ def test_per_class_iou_and_dice_are_named_after_the_classes():
     assert values["mean_iou"] == pytest.approx(2 / 3)
 
 
+def test_validation_refuses_a_mask_value_out_of_range():
+    # the validation metrics skip torchmetrics' argument checks (a third of the pass); the loss beside them checks
+    from trainlab.core.runtime import Runtime
+    from trainlab.engine.loop import evaluate
+
+    model = build_segmenter(SegmenterParams(base_channels=4, depth=1), num_classes=7, in_channels=1)
+    task = segmentation_trainable(model, 7)
+    images, masks = paired()
+    runtime = Runtime(torch.device("cpu"), "fp32", channels_last=False, compile=False, tf32=False, deterministic=True,
+                      cudnn_benchmark=False)
+    assert set(evaluate(task, model, {"images": images, "masks": masks}, runtime)) >= {"loss", "mean_iou"}
+    masks[2, 3, 4] = 7
+    with pytest.raises(IndexError, match="out of bounds"):
+        evaluate(task, model, {"images": images, "masks": masks}, runtime)
+
+
 def test_class_metric_keys_are_safe_and_unique():
     assert class_metric_keys(["a b", "a-b", "a b", "?"], 4) == ["a_b", "a-b", "a_b_2", "3"]
     assert class_metric_keys(None, 2) == ["0", "1"]
