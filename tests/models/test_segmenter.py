@@ -78,3 +78,32 @@ def test_build_from_config_round_trip():
     rebuilt = build_from_config("segmenter", json.loads(json.dumps(model.config)))
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
     assert rebuilt.config == model.config
+
+
+def full_resolution_convs(model) -> tuple[list[int], list[int]]:
+    """3x3 convs of each block at the input's resolution, and of the blocks below it (found on a 16x16 input)."""
+    seen = []
+    hooks = [block.register_forward_hook(lambda mod, inp, out, seen=seen: seen.append(
+        (out.shape[-1], sum(isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3) for m in mod.modules()))))
+        for block in [*model.encoder, *model.decoder]]
+    model(torch.randn(1, 1, 16, 16))
+    for hook in hooks:
+        hook.remove()
+    return [convs for width, convs in seen if width == 16], [convs for width, convs in seen if width < 16]
+
+
+@pytest.mark.parametrize("convs", [1, 2])
+def test_full_res_convs_sets_the_convs_of_the_full_resolution_blocks_only(convs):
+    model = build_segmenter(SegmenterParams(base_channels=4, depth=2, full_res_convs=convs), 11, 1)
+    full, lower = full_resolution_convs(model)
+    assert full == [convs, convs] and lower == [2, 2, 2]  # encoder's first and decoder's last; the rest double
+    assert model(torch.randn(2, 1, 24, 40)).shape == (2, 11, 24, 40)
+
+
+def test_a_config_saved_before_full_res_convs_rebuilds_the_double_convs():
+    light = build_segmenter(SegmenterParams(base_channels=4, depth=2, full_res_convs=1), 11, 1)
+    assert build_from_config("segmenter", json.loads(json.dumps(light.config))).config["full_res_convs"] == 1
+    older = {k: v for k, v in light.config.items() if k != "full_res_convs"}
+    rebuilt = build_from_config("segmenter", older)
+    assert rebuilt.config["full_res_convs"] == 2 and full_resolution_convs(rebuilt)[0] == [2, 2]
+    assert count_parameters(rebuilt)[0] > count_parameters(light)[0]

@@ -146,6 +146,8 @@ class SegmenterParams(TrainParams):
     base_channels: int = Field(16, ge=4, le=256)
     depth: int = Field(3, ge=1, le=6)
     depthwise_separable: bool = False
+    full_res_convs: int = Field(2, ge=1, le=2, description="3x3 convs in the two full-resolution blocks (the "
+                                "encoder's first, the decoder's last): 2 as in U-Net, 1 for less compute there")
     dice_weight: float = Field(0.5, ge=0, le=10)
     crop_size: int | None = Field(None, ge=8, le=8192, description="train on random square crops of this size "
                                   "(null: whole images); val and test always see whole images")

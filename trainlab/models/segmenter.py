@@ -20,29 +20,34 @@ def conv_bn_relu(cin: int, cout: int, depthwise: bool) -> list[nn.Module]:
     return [*convs, nn.BatchNorm2d(cout), nn.ReLU()]
 
 
-class DoubleConv(nn.Sequential):
-    """Two conv-BN-ReLU layers, the U-Net building block."""
+class ConvBlock(nn.Sequential):
+    """Two conv-BN-ReLU layers, the U-Net building block (or one: `convs=1`)."""
 
-    def __init__(self, cin: int, cout: int, depthwise: bool = False):
-        super().__init__(*conv_bn_relu(cin, cout, depthwise), *conv_bn_relu(cout, cout, depthwise))
+    def __init__(self, cin: int, cout: int, depthwise: bool = False, convs: int = 2):
+        second = conv_bn_relu(cout, cout, depthwise) if convs > 1 else []
+        super().__init__(*conv_bn_relu(cin, cout, depthwise), *second)
 
 
 class UNet(nn.Module):
-    """U-Net with `depth` 2x downsamplings; widths base, 2*base, ..., base * 2**depth at the bottleneck."""
+    """U-Net with `depth` 2x downsamplings; widths base, 2*base, ..., base * 2**depth at the bottleneck. The two
+    blocks at full resolution (the encoder's first, the decoder's last) have `full_res_convs` convs, the others two."""
 
     def __init__(self, num_classes: int, in_channels: int, base_channels: int = 16, depth: int = 3,
-                 depthwise_separable: bool = False, checkpointing: bool = False, inference_tile: int | None = None):
+                 depthwise_separable: bool = False, checkpointing: bool = False, inference_tile: int | None = None,
+                 full_res_convs: int = 2):
         super().__init__()
         self.depth, self.checkpointing, self.inference_tile = depth, checkpointing, inference_tile
         widths = [base_channels * 2**i for i in range(depth + 1)]
         dw = depthwise_separable
         self.encoder = nn.ModuleList(
-            [DoubleConv(in_channels, widths[0], dw)] + [DoubleConv(widths[i], widths[i + 1], dw) for i in range(depth)]
+            [ConvBlock(in_channels, widths[0], dw, full_res_convs)]
+            + [ConvBlock(widths[i], widths[i + 1], dw) for i in range(depth)]
         )
         self.pool = nn.MaxPool2d(2)
         levels = range(depth - 1, -1, -1)
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in levels)
-        self.decoder = nn.ModuleList(DoubleConv(2 * widths[i], widths[i], dw) for i in levels)
+        self.decoder = nn.ModuleList(ConvBlock(2 * widths[i], widths[i], dw, full_res_convs if i == 0 else 2)
+                                     for i in levels)
         self.head = nn.Conv2d(widths[0], num_classes, 1)
 
     def forward(self, x):
@@ -93,11 +98,11 @@ def window_starts(size: int, tile: int, stride: int) -> list[int]:
 def build_segmenter(p: SegmenterParams, num_classes: int, in_channels: int) -> nn.Module:
     """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images."""
     model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing,
-                 p.inference_tile)
+                 p.inference_tile, p.full_res_convs)
     init_weights(model, p.init)
     model.config = {
         "task": "segmenter", "arch": "unet", "base_channels": p.base_channels, "depth": p.depth,
-        "depthwise_separable": p.depthwise_separable, "num_classes": num_classes, "in_channels": in_channels,
-        "inference_tile": p.inference_tile,
+        "depthwise_separable": p.depthwise_separable, "full_res_convs": p.full_res_convs, "num_classes": num_classes,
+        "in_channels": in_channels, "inference_tile": p.inference_tile,
     }
     return model
