@@ -179,6 +179,37 @@ def test_a_config_saved_before_stem_pool_rebuilds_the_unpooled_network():
     assert rebuilt.config["stem_pool"] == 1 and not any(isinstance(m, torch.nn.MaxPool2d) for m in rebuilt.modules())
 
 
+@pytest.mark.parametrize("first,order", [(False, ["Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d"]),
+                                         (True, ["Conv2d", "MaxPool2d", "BatchNorm2d", "ReLU"])])
+def test_stem_pool_first_pools_before_the_normalisation(first, order):
+    model = build_classifier(ClassifierParams(width=8, stem_pool=2, stem_pool_first=first), 10, 1)
+    assert [type(m).__name__ for m in model.stem] == order
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_stem_pool_first_computes_the_same_stem_when_the_normalisation_keeps_the_order():
+    # max-pooling commutes with an increasing map (BatchNorm with a positive scale, then ReLU): the two orders are
+    # the same function then, and differ in training only by the statistics BatchNorm sees
+    torch.manual_seed(0)
+    after, first = (build_classifier(ClassifierParams(width=8, stem_pool=2, stem_pool_first=f), 10, 1).eval()
+                    for f in (False, True))
+    norm = after.stem[1]
+    norm.weight.data.uniform_(0.5, 2.0)
+    norm.bias.data.normal_()
+    norm.running_mean.normal_()
+    norm.running_var.uniform_(0.5, 2.0)
+    first.load_state_dict({k.replace("stem.1.", "stem.2."): v for k, v in after.state_dict().items()})
+    x = torch.randn(3, 1, 28, 28)
+    assert torch.allclose(after.stem(x), first.stem(x), atol=1e-6)
+
+
+def test_a_config_saved_before_stem_pool_first_rebuilds_the_stem_that_pools_last():
+    first = build_classifier(ClassifierParams(width=8, stem_pool=2, stem_pool_first=True), 10, 1)
+    assert build_from_config("classifier", json.loads(json.dumps(first.config))).config["stem_pool_first"] is True
+    older = build_from_config("classifier", {k: v for k, v in first.config.items() if k != "stem_pool_first"})
+    assert older.config["stem_pool_first"] is False and isinstance(older.stem[-1], torch.nn.MaxPool2d)
+
+
 def test_the_strided_shortcut_computes_a_strided_1x1_convolution_bitwise():
     from trainlab.models.classifier import StridedPointwise
 

@@ -107,3 +107,32 @@ def test_a_config_saved_before_full_res_convs_rebuilds_the_double_convs():
     rebuilt = build_from_config("segmenter", older)
     assert rebuilt.config["full_res_convs"] == 2 and full_resolution_convs(rebuilt)[0] == [2, 2]
     assert count_parameters(rebuilt)[0] > count_parameters(light)[0]
+
+
+def decoder_inputs(model) -> list[tuple[int, int]]:
+    """(input channels, output width) of each decoder block's first conv, bottom to top."""
+    return [(block[0].in_channels, block[0].out_channels) for block in model.decoder]
+
+
+def test_skip_merge_add_adds_the_skips_below_full_resolution_and_concatenates_there(monkeypatch):
+    added = build_segmenter(SegmenterParams(base_channels=4, depth=3, skip_merge="add"), 11, 1)
+    assert decoder_inputs(added) == [(16, 16), (8, 8), (8, 4)]  # the full-resolution block sees skip + upsampled
+    assert decoder_inputs(build_segmenter(SegmenterParams(base_channels=4, depth=3), 11, 1)) == [
+        (32, 16), (16, 8), (8, 4)]
+    assert added(torch.randn(2, 1, 24, 40)).shape == (2, 11, 24, 40)
+    cats, torch_cat = [], torch.cat
+    monkeypatch.setattr(torch, "cat", lambda tensors, *a, **k: cats.append(len(tensors)) or torch_cat(tensors, *a, **k))
+    added(torch.randn(1, 1, 16, 16))
+    assert cats == [2]  # one concatenation: the full-resolution skip
+
+
+def test_a_config_saved_before_skip_merge_rebuilds_the_concatenating_decoder():
+    added = build_segmenter(SegmenterParams(base_channels=4, depth=2, skip_merge="add"), 11, 1)
+    assert build_from_config("segmenter", json.loads(json.dumps(added.config))).config["skip_merge"] == "add"
+    older = build_from_config("segmenter", {k: v for k, v in added.config.items() if k != "skip_merge"})
+    assert older.config["skip_merge"] == "concat" and decoder_inputs(older) == [(16, 8), (8, 4)]
+
+
+def test_skip_merge_refuses_an_unknown_value():
+    with pytest.raises(ValueError, match="skip_merge"):
+        SegmenterParams(skip_merge="sum")

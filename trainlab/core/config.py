@@ -136,6 +136,8 @@ class ClassifierParams(TrainParams):
     width: int = Field(32, ge=4, le=512)
     stem_pool: int = Field(1, ge=1, le=8, description="resnet_small: max-pool the stem's output by this factor "
                            "(1: none), so that the residual stages run at a lower resolution")
+    stem_pool_first: bool = Field(False, description="resnet_small: max-pool the stem conv's output before its "
+                                  "BatchNorm and ReLU (a quarter of their work at full resolution); false: after")
     pretrained: str | None = None
     freeze_backbone: bool = False
     head_lr: float | None = Field(None, gt=0, le=10)
@@ -148,6 +150,9 @@ class SegmenterParams(TrainParams):
     depthwise_separable: bool = False
     full_res_convs: int = Field(2, ge=1, le=2, description="3x3 convs in the two full-resolution blocks (the "
                                 "encoder's first, the decoder's last): 2 as in U-Net, 1 for less compute there")
+    skip_merge: Literal["concat", "add"] = Field("concat", description="how the decoder merges the encoder's skip "
+                                                 "below full resolution: concat (U-Net) or add (half the input "
+                                                 "channels of those decoder blocks); full resolution always concats")
     dice_weight: float = Field(0.5, ge=0, le=10)
     crop_size: int | None = Field(None, ge=8, le=8192, description="train on random square crops of this size "
                                   "(null: whole images); val and test always see whole images")

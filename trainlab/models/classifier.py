@@ -45,14 +45,17 @@ class BasicBlock(nn.Module):
 
 class ResNetSmall(nn.Module):
     """A compact ResNet for 28x28-and-up images: 3x3 stem (then a `stem_pool` x `stem_pool` max-pool), stages of
-    width w, 2w, 4w, global pool, linear head."""
+    width w, 2w, 4w, global pool, linear head. `stem_pool_first` max-pools the stem conv's output before its
+    BatchNorm and ReLU (as airbench's blocks do), not after them."""
 
     def __init__(self, num_classes: int, in_channels: int, width: int = 32, checkpointing: bool = False,
-                 stem_pool: int = 1):
+                 stem_pool: int = 1, stem_pool_first: bool = False):
         super().__init__()
         self.checkpointing = checkpointing
-        stem = [nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
-        self.stem = nn.Sequential(*stem, *([nn.MaxPool2d(stem_pool)] if stem_pool > 1 else []))
+        pool = [nn.MaxPool2d(stem_pool)] if stem_pool > 1 else []
+        norm = [nn.BatchNorm2d(width), nn.ReLU()]
+        conv = nn.Conv2d(in_channels, width, 3, 1, 1, bias=False)
+        self.stem = nn.Sequential(conv, *(pool + norm if stem_pool_first else norm + pool))
         self.blocks = nn.ModuleList(
             [BasicBlock(width, width), BasicBlock(width, 2 * width, 2), BasicBlock(2 * width, 4 * width, 2)]
         )
@@ -92,8 +95,8 @@ class TorchvisionClassifier(nn.Module):
 def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) -> nn.Module:
     """The classifier `p.arch` for `in_channels`-channel images and `num_classes` classes, with a `head` attribute."""
     if p.arch == "resnet_small":
-        model = init_weights(ResNetSmall(num_classes, in_channels, p.width, p.activation_checkpointing, p.stem_pool),
-                             p.init)
+        net = ResNetSmall(num_classes, in_channels, p.width, p.activation_checkpointing, p.stem_pool, p.stem_pool_first)
+        model = init_weights(net, p.init)
         if p.pretrained:
             load_weights(model, p.pretrained, fresh_prefix="head.")
     else:
@@ -102,7 +105,8 @@ def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) ->
         for param in backbone_parameters(model):
             param.requires_grad_(False)
     model.config = {
-        "task": "classifier", "arch": p.arch, "width": p.width, "stem_pool": p.stem_pool, "num_classes": num_classes,
+        "task": "classifier", "arch": p.arch, "width": p.width, "stem_pool": p.stem_pool,
+        "stem_pool_first": p.stem_pool_first, "num_classes": num_classes,
         "in_channels": in_channels,
     }
     return model

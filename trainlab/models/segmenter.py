@@ -30,13 +30,16 @@ class ConvBlock(nn.Sequential):
 
 class UNet(nn.Module):
     """U-Net with `depth` 2x downsamplings; widths base, 2*base, ..., base * 2**depth at the bottleneck. The two
-    blocks at full resolution (the encoder's first, the decoder's last) have `full_res_convs` convs, the others two."""
+    blocks at full resolution (the encoder's first, the decoder's last) have `full_res_convs` convs, the others two.
+    `skip_merge` "add" adds the encoder's skip to the upsampled features below full resolution instead of
+    concatenating them; the full-resolution skip, which carries the finest detail, is always concatenated."""
 
     def __init__(self, num_classes: int, in_channels: int, base_channels: int = 16, depth: int = 3,
                  depthwise_separable: bool = False, checkpointing: bool = False, inference_tile: int | None = None,
-                 full_res_convs: int = 2):
+                 full_res_convs: int = 2, skip_merge: str = "concat"):
         super().__init__()
         self.depth, self.checkpointing, self.inference_tile = depth, checkpointing, inference_tile
+        self.adds = [skip_merge == "add" and i > 0 for i in range(depth - 1, -1, -1)]  # per decoder block
         widths = [base_channels * 2**i for i in range(depth + 1)]
         dw = depthwise_separable
         self.encoder = nn.ModuleList(
@@ -46,8 +49,9 @@ class UNet(nn.Module):
         self.pool = nn.MaxPool2d(2)
         levels = range(depth - 1, -1, -1)
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in levels)
-        self.decoder = nn.ModuleList(ConvBlock(2 * widths[i], widths[i], dw, full_res_convs if i == 0 else 2)
-                                     for i in levels)
+        self.decoder = nn.ModuleList(ConvBlock((1 if add else 2) * widths[i], widths[i], dw,
+                                               full_res_convs if i == 0 else 2)
+                                     for i, add in zip(levels, self.adds))
         self.head = nn.Conv2d(widths[0], num_classes, 1)
 
     def forward(self, x):
@@ -82,8 +86,9 @@ class UNet(nn.Module):
             x = checkpoint_block(block, x if i == 0 else self.pool(x), enabled=self.checkpointing)
             skips.append(x)
         skips.pop()  # the bottleneck output is x itself
-        for up, block in zip(self.up, self.decoder):
-            x = checkpoint_block(block, torch.cat([skips.pop(), up(x)], 1), enabled=self.checkpointing)
+        for up, block, add in zip(self.up, self.decoder, self.adds):
+            x = skips.pop() + up(x) if add else torch.cat([skips.pop(), up(x)], 1)
+            x = checkpoint_block(block, x, enabled=self.checkpointing)
         return self.head(x)[..., :h, :w]
 
 
@@ -98,11 +103,12 @@ def window_starts(size: int, tile: int, stride: int) -> list[int]:
 def build_segmenter(p: SegmenterParams, num_classes: int, in_channels: int) -> nn.Module:
     """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images."""
     model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing,
-                 p.inference_tile, p.full_res_convs)
+                 p.inference_tile, p.full_res_convs, p.skip_merge)
     init_weights(model, p.init)
     model.config = {
         "task": "segmenter", "arch": "unet", "base_channels": p.base_channels, "depth": p.depth,
-        "depthwise_separable": p.depthwise_separable, "full_res_convs": p.full_res_convs, "num_classes": num_classes,
+        "depthwise_separable": p.depthwise_separable, "full_res_convs": p.full_res_convs,
+        "skip_merge": p.skip_merge, "num_classes": num_classes,
         "in_channels": in_channels, "inference_tile": p.inference_tile,
     }
     return model
