@@ -75,6 +75,34 @@ def test_determinism_loads_the_inductor_only_when_compiling(compiling):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
 
 
+FAULTS_PROBE = textwrap.dedent("""
+    import resource, sys, torch
+    from trainlab.core.config import BaseParams
+    from trainlab.core.runtime import resolve_runtime
+    if sys.argv[1] == "runtime":
+        resolve_runtime(BaseParams(device="cpu"))
+    def step():  # a training step's pattern: 4-16 MB activations allocated, then freed together
+        held = [torch.ones(1 << (20 + i % 3)) for i in range(12)]
+        return sum(t[0].item() for t in held)
+    step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+def test_the_runtime_keeps_freed_memory_so_steps_do_not_fault_their_activations_in_again():
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", FAULTS_PROBE, mode], cwd=REPO, capture_output=True, text=True,
+                             check=True)
+        return int(out.stdout.split()[-1])
+
+    default, kept = faults("default"), faults("runtime")
+    assert kept < default / 2, (kept, default)  # measured: 10k against 49k minor page faults
+
+
 def test_cuda_requested_without_cuda_is_a_params_error():
     from trainlab.core.errors import ParamsError
 

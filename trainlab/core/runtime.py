@@ -103,8 +103,32 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "fp32"
 
 
+# glibc's malloc hands memory back to the system when more than its trim threshold lies free at the top of the heap,
+# and serves blocks over its mmap threshold from fresh mappings: a training step that frees its activations and
+# allocates them again at the next step then pays page faults every step (the segmenter: 17-20 s of system time in
+# a 60 s training on the 2-core Zen 4; 1 s with these). The mmap threshold is glibc's maximum.
+MALLOC_MMAP_THRESHOLD = 32 << 20
+MALLOC_TRIM_THRESHOLD = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Make the C library's malloc keep freed memory for the next allocations (glibc's mallopt); False where the C
+    library has no mallopt or refuses the settings."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(mallopt(m_mmap_threshold, MALLOC_MMAP_THRESHOLD)) and bool(mallopt(m_trim_threshold,
+                                                                                 MALLOC_TRIM_THRESHOLD))
+
+
 def resolve_runtime(base: BaseParams) -> Runtime:
-    """Resolve the base params into concrete settings and apply the global switches (determinism, TF32)."""
+    """Resolve the base params into concrete settings and apply the global switches (determinism, TF32, malloc's
+    thresholds)."""
+    keep_freed_memory()
     device = resolve_device(base.device)
     flags = configure_determinism(base.deterministic, compiling=base.compile)
     if device.type == "cuda":
