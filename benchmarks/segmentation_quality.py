@@ -28,7 +28,8 @@ TARGET_TRAIN_S = 300  # ... within 5 minutes of training on the 2-core CPU
 # training; 60 epochs gave 0.923 in twice the compute).
 CONTENDERS: dict[str, dict[str, Any]] = {
     # the U-Net's size is pinned here, so that the figures do not move with the default segmenter's params
-    "crops+dihedral": {"segmenter.base_channels": 16, "segmenter.depth": 3, "segmenter.full_res_convs": 2, "segmenter.skip_merge": "concat",
+    "crops+dihedral": {"segmenter.base_channels": 16, "segmenter.depth": 3, "segmenter.full_res_convs": 2,
+                       "segmenter.skip_merge": "concat",
                        "data.segmentation.symmetries": "dihedral", "segmenter.crop_size": 128,
                        "segmenter.batch_size": 7, "segmenter.epochs": 30, "segmenter.lr": 0.005,
                        "segmenter.warmup_epochs": 5, "segmenter.dice_weight": 1.0},

@@ -39,7 +39,8 @@ class UNet(nn.Module):
                  full_res_convs: int = 2, skip_merge: str = "concat"):
         super().__init__()
         self.depth, self.checkpointing, self.inference_tile = depth, checkpointing, inference_tile
-        self.adds = [skip_merge == "add" and i > 0 for i in range(depth - 1, -1, -1)]  # per decoder block
+        levels = range(depth - 1, -1, -1)  # the decoder's, bottom to top
+        self.adds = [skip_merge == "add" and i > 0 for i in levels]
         widths = [base_channels * 2**i for i in range(depth + 1)]
         dw = depthwise_separable
         self.encoder = nn.ModuleList(
@@ -47,7 +48,6 @@ class UNet(nn.Module):
             + [ConvBlock(widths[i], widths[i + 1], dw) for i in range(depth)]
         )
         self.pool = nn.MaxPool2d(2)
-        levels = range(depth - 1, -1, -1)
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in levels)
         self.decoder = nn.ModuleList(ConvBlock((1 if add else 2) * widths[i], widths[i], dw,
                                                full_res_convs if i == 0 else 2)
