@@ -20,6 +20,31 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# Test files whose tests use the session's run of the tiny pipeline (tests/pipelines/conftest.py: first_pipeline_run,
+# a minute of stages after a Prefect server's start): one work unit for pytest-xdist, so one worker runs the pipeline
+# once instead of each worker once.
+PIPELINE_RUN_FILES = tuple(f"tests/pipelines/{name}.py" for name in
+                           ("test_pipeline", "test_reproducible", "test_schedule", "test_search", "test_sweep"))
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit `--dist loadfile` hands a worker whole: the test's file, or the files sharing the pipeline run."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/pipelines (first_pipeline_run)" if path in PIPELINE_RUN_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedRunScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SharedRunScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     # The whole-pipeline-twice test runs only when a -m expression names it: a user's `-m reliability` replaces
     # any default -m, so the default cannot live in addopts.
