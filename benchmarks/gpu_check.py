@@ -69,6 +69,7 @@ def run_pipeline(out: Path) -> list[dict]:
                          "setting": training_setting(work, stage, params),
                          "last_line": (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]})
             print(f"gpu-check: {stage}: exit {proc.returncode}, {wall:.1f} s", flush=True)
+            keep_metrics(work, spec, out / "pipeline_metrics")
             _write_json(out / "pipeline.json", {"stages": rows, "total_s": round(time.perf_counter() - started, 2),
                                                 "complete": False})  # on disk after every stage
             if proc.returncode:
@@ -76,6 +77,15 @@ def run_pipeline(out: Path) -> list[dict]:
         total = time.perf_counter() - started
     _write_json(out / "pipeline.json", {"stages": rows, "total_s": round(total, 2), "complete": True})
     return rows
+
+
+def keep_metrics(work: Path, spec: dict, dest: Path) -> None:
+    """Copy a stage's `metrics:` files out of the scratch copy (it is deleted at the end) into DEST, same paths."""
+    for entry in spec.get("metrics", []):
+        rel = next(iter(entry)) if isinstance(entry, dict) else entry
+        if (work / rel).exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(work / rel, dest / rel)
 
 
 def _write_json(path: Path, data) -> None:
@@ -155,7 +165,13 @@ def _pipeline(out: Path) -> list[str]:
         train = f"{r['train_s']:.1f}" if r.get("train_s") is not None else "–"
         lines.append(f"| {r['stage']} | {r['exit']} | {r['wall_s']:.1f} | {train} | {r.get('setting') or ''} |")
     done = "" if pipe.get("complete", True) else " (stopped before the end)"
-    return lines + [f"| all{done} | | {pipe['total_s']:.1f} | | |", ""]
+    lines += [f"| all{done} | | {pipe['total_s']:.1f} | | |", ""]
+    scores = _load(out / "pipeline_metrics" / "reports" / "evaluate" / "metrics.json")
+    if scores:  # the test split's headline figures, as `dvc metrics show` would list them
+        figures = [f"{model} {name} {value:.4f}" for model, values in scores.items() for name, value in values.items()
+                   if name in ("accuracy", "mean_iou", "baseline_accuracy")]
+        lines += ["Test split (evaluate stage): " + ", ".join(figures), ""]
+    return lines
 
 
 def _bench_files(out: Path, name: str) -> list[dict]:

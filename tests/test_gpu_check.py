@@ -140,3 +140,21 @@ def test_the_gpu_tests_file_parses_and_names_its_groups_keywords():
 @pytest.mark.parametrize("script", ["scripts/gpu-check"])
 def test_the_script_is_valid_bash(script):
     assert subprocess.run(["bash", "-n", str(REPO / script)]).returncode == 0
+
+
+def test_the_pipeline_part_keeps_each_stages_metrics_and_the_table_shows_the_test_split(tmp_path):
+    from benchmarks.gpu_check import keep_metrics
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "reports" / "evaluate").mkdir(parents=True)
+    (work / "reports" / "evaluate" / "metrics.json").write_text(json.dumps(
+        {"classifier": {"accuracy": 0.9861, "test_samples": 1000}, "segmenter": {"mean_iou": 0.94371},
+         "text": {"accuracy": 0.767, "baseline_accuracy": 0.754}}))
+    spec = {"metrics": [{"reports/evaluate/metrics.json": {"cache": False}}, "reports/missing.json"]}
+    keep_metrics(work, spec, out / "pipeline_metrics")
+    (out / "pipeline.json").write_text(json.dumps(
+        {"stages": [{"stage": "evaluate", "exit": 0, "wall_s": 4.0, "train_s": None}], "total_s": 4.0}))
+    report = table(out)
+    assert ("Test split (evaluate stage): classifier accuracy 0.9861, segmenter mean_iou 0.9437, text accuracy 0.7670, "
+            "text baseline_accuracy 0.7540") in report
+    assert not (out / "pipeline_metrics" / "reports" / "missing.json").exists()
