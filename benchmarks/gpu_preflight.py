@@ -2,12 +2,15 @@
 
     python -m benchmarks.gpu_preflight OUT [--site DIR] [--device cuda|cpu]
 
-CUDA visible (on --device cuda), torch and torchvision versions against requirements.lock and the torch APIs the
-engine, the benchmarks and the GPU tests call; the third-party modules the parts import (found statically in
-trainlab/, stages/, benchmarks/ and the GPU tests), and for each one missing the wheel of .whl/ that provides it,
-installed (with --no-deps, into --site, default /tmp/site) only then, so the machine's own torch is never shadowed;
-then the parts' entry modules imported for real in a child process; a C compiler and Python's headers (for
-torch.compile: missing, the compile test is skipped and says why); free disk. Writes OUT/preflight.json, prints
+First, in one pip call (with --no-deps, into --site, default /tmp/site), the wheels of .whl/ none of whose top-level
+modules this python finds: what the machine lacks, the dependencies of the project's imports included (pydantic
+needs typing_inspection, which no project file imports), and never a module it has, so its own torch is never
+shadowed. The installs come first because the parts need them even if a later check runs out of time. Then CUDA
+visible (on --device cuda), torch and torchvision versions against requirements.lock and the torch APIs the engine,
+the benchmarks and the GPU tests call; the third-party modules the parts import (found statically in trainlab/,
+stages/, benchmarks/ and the GPU tests) and the parts' entry modules imported for real in a child process; a C
+compiler and Python's headers (for torch.compile: missing, the compile test is skipped and says why); free disk.
+Prints a line as each step ends (a run stopped at its deadline shows where), writes OUT/preflight.json, prints
 "preflight: OK ..." or "preflight: PROBLEMS ..." and exits 0 or 1.
 """
 
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +127,27 @@ def wheel_for(module: str, wheels: list[Path]) -> Path | None:
     return next((w for w in wheels if re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() == key), None)
 
 
+def wheel_modules(wheel: Path) -> set[str]:
+    """The top-level modules a wheel installs, from its file list (packages, single-file modules, extensions)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = set()
+    for name in names:
+        first = name.split("/")[0]
+        if first.endswith((".dist-info", ".data")):
+            continue
+        if "/" in name:
+            tops.add(first)
+        elif first.endswith((".py", ".so", ".pyd")):
+            tops.add(first.split(".")[0])
+    return tops
+
+
+def wheels_to_install(wheels: list[Path]) -> list[Path]:
+    """The wheels none of whose top-level modules this python finds (a wheel of data files only is skipped)."""
+    return [w for w in wheels if (mods := wheel_modules(w)) and not any(_findable(m) for m in mods)]
+
+
 def install(wheels: list[Path], site: Path) -> str | None:
     site.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -192,9 +217,9 @@ def preflight(out: Path, site: Path, device: str) -> dict:
     """Run every check, write OUT/preflight.json and return its record (verdict included)."""
     t0 = time.perf_counter()
     found = Findings()
-    check_torch(found, device)
-    check_modules(found, site)
-    check_compiler_and_disk(found)
+    for step in (install_wheels, check_torch, check_modules, check_compiler_and_disk):
+        step(found, site=site, device=device)
+        print(f"preflight: {step.__name__} done at {time.perf_counter() - t0:.1f} s", flush=True)
     found.record["seconds"] = round(time.perf_counter() - t0, 1)
     found.record["problems"], found.record["notes"] = found.problems, found.notes
     found.record["verdict"] = verdict(found)
@@ -203,7 +228,19 @@ def preflight(out: Path, site: Path, device: str) -> dict:
     return found.record
 
 
-def check_torch(found: Findings, device: str) -> None:
+def install_wheels(found: Findings, site: Path, **_) -> None:
+    """Install, in one pip call, the wheels of .whl/ whose modules this python lacks (wheels_to_install)."""
+    picks = wheels_to_install(sorted((REPO / ".whl").glob("*.whl")))
+    found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks]
+    if picks and install(picks, site):  # one wheel pip refuses fails the call: then each alone, so the rest land
+        errors = [f"{w.name}: {error}" for w in picks if (error := install([w], site))]
+        found.problems += [f"pip install from .whl/ failed: {e}" for e in errors]
+        found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks if not any(
+            e.startswith(w.name) for e in errors)]
+    importlib.invalidate_caches()  # this process's later find_spec calls see what landed in `site`
+
+
+def check_torch(found: Findings, device: str, **_) -> None:
     """Python, torch and torchvision versions (and the lock's), the GPU torch sees, the torch APIs used."""
     import torch
 
@@ -227,44 +264,20 @@ def check_torch(found: Findings, device: str) -> None:
         found.problems.append("torch APIs missing: " + ", ".join(missing_apis))
 
 
-def check_modules(found: Findings, site: Path) -> None:
-    """The third-party modules the parts import: the missing ones installed from .whl/, the entry modules imported."""
+def check_modules(found: Findings, site: Path, **_) -> None:
+    """The third-party modules the parts import, and the parts' entry modules imported for real."""
     needed = sorted(third_party_imports() | set(DATA_PACKAGES))
     absent = [m for m in needed if not _findable(m)]
     found.record["absent_expected"] = [m for m in absent if m in EXPECTED_ABSENT]
-    installed, failures, absent = install_missing(found, absent, site)
-    found.record["installed_from_whl"] = installed
-    if failures is None:
-        failures, absent = import_entry_modules(site)
+    failures, absent = import_entry_modules(site)
     still = [m for m in absent if m not in EXPECTED_ABSENT]
     found.record["import_failures"] = failures
     if failures:
         found.problems.append(f"{len(failures)} entry module(s) do not import: " + "; ".join(failures[:3]) +
-                              (f" (no wheel in .whl/ for {', '.join(still)})" if still else ""))
+                              (f" (not installed from .whl/: {', '.join(still)})" if still else ""))
 
 
-def install_missing(found: Findings, absent: list[str], site: Path) -> tuple[list[str], list[str] | None, list[str]]:
-    """Install into `site` only the wheels of .whl/ for the `absent` modules (not those absent on purpose), in rounds:
-    a wheel installed may need another, which the real imports then name. (Modules installed, the last import
-    failures or None where no round ran, the modules still absent.)"""
-    wheels = sorted((REPO / ".whl").glob("*.whl"))
-    installed: list[str] = []
-    failures = None
-    for _ in range(4):
-        todo = [m for m in absent if m not in EXPECTED_ABSENT and m not in installed]
-        picks = {m: wheel_for(m, wheels) for m in todo}
-        if not any(picks.values()):
-            break
-        error = install([w for w in dict.fromkeys(picks.values()) if w], site)
-        if error:
-            found.problems.append(f"pip install from .whl/ failed: {error}")
-            break
-        installed += [m for m, w in picks.items() if w]
-        failures, absent = import_entry_modules(site)
-    return installed, failures, absent
-
-
-def check_compiler_and_disk(found: Findings) -> None:
+def check_compiler_and_disk(found: Findings, **_) -> None:
     """A C compiler and Python's headers for torch.compile (a note where missing), and enough free disk."""
     cc, why_no_compile = compiler()
     found.record["c_compiler"], found.record["compile_skipped_because"] = cc, why_no_compile

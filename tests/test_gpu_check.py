@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from _pytest.mark.expression import Expression
 
 from benchmarks import gpu_parts
 from benchmarks.gpu_check import table
-from benchmarks.gpu_preflight import third_party_imports, wheel_for
+from benchmarks.gpu_preflight import third_party_imports, wheel_for, wheel_modules, wheels_to_install
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -117,6 +118,49 @@ def test_the_preflight_finds_the_wheel_of_each_missing_module(tmp_path):
     found = third_party_imports()
     assert {"torch", "yaml", "pydantic", "safetensors"} <= found
     assert not found & {"trainlab", "stages", "benchmarks", "tests", "json", "os"}
+
+
+def test_the_preflight_installs_every_wheel_whose_modules_are_missing_and_none_the_machine_has(tmp_path):
+    """A dependency no project file imports (pydantic's typing_inspection on the H100, 2026-12-05) is installed in
+    the same pip call as the module that needs it; a wheel of a module this python has is never installed."""
+    def wheel(name: str, files: list[str]) -> Path:
+        path = tmp_path / f"{name}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as archive:
+            for f in files + [f"{name}-1.0.dist-info/RECORD"]:
+                archive.writestr(f, "")
+        return path
+
+    dependency = wheel("zz_absent_dependency", ["zz_absent_dependency/__init__.py", "zz_absent_dependency/x.py"])
+    single = wheel("zz_absent_single", ["zz_absent_single.py"])
+    extension = wheel("zz_absent_ext", ["zz_absent_ext.cpython-312-x86_64-linux-gnu.so"])
+    present = wheel("yaml_again", ["yaml/__init__.py"])
+    data_only = wheel("zz_data", ["zz_data-1.0.data/data/share/x.txt"])
+    assert wheel_modules(dependency) == {"zz_absent_dependency"}
+    assert wheel_modules(extension) == {"zz_absent_ext"}
+    assert wheel_modules(data_only) == set()
+    assert wheels_to_install([dependency, single, extension, present, data_only]) == [dependency, single, extension]
+
+
+def test_a_wheel_pip_refuses_costs_only_itself(tmp_path, monkeypatch):
+    from benchmarks import gpu_preflight
+
+    def wheel(name: str, tag: str) -> None:
+        dist = f"{name}-1.0.dist-info"
+        with zipfile.ZipFile(tmp_path / ".whl" / f"{name}-1.0-{tag}.whl", "w") as archive:
+            archive.writestr(f"{name}/__init__.py", "")
+            archive.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+            archive.writestr(f"{dist}/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
+            archive.writestr(f"{dist}/RECORD", "")
+
+    (tmp_path / ".whl").mkdir()
+    wheel("zz_installable", "py3-none-any")
+    wheel("zz_other_platform", "cp27-cp27m-win32")
+    monkeypatch.setattr(gpu_preflight, "REPO", tmp_path)
+    found = gpu_preflight.Findings()
+    gpu_preflight.install_wheels(found, site=tmp_path / "site")
+    assert (tmp_path / "site" / "zz_installable" / "__init__.py").exists()
+    assert found.record["installed_from_whl"] == ["zz_installable"]
+    assert len(found.problems) == 1 and "zz_other_platform" in found.problems[0]
 
 
 def test_a_failed_benchmark_part_makes_the_run_exit_1_with_its_json_written(tmp_path):
