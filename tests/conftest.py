@@ -20,17 +20,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-# Test files whose tests use the session's run of the tiny pipeline (tests/pipelines/conftest.py: first_pipeline_run,
-# a minute of stages after a Prefect server's start): one work unit for pytest-xdist, so one worker runs the pipeline
-# once instead of each worker once.
-PIPELINE_RUN_FILES = tuple(f"tests/pipelines/{name}.py" for name in
-                           ("test_pipeline", "test_reproducible", "test_schedule", "test_search", "test_sweep"))
+# Test files that share an expensive session fixture are one work unit for pytest-xdist, so that one worker builds
+# it once instead of each worker once: the tiny pipeline's run (tests/pipelines/conftest.py: first_pipeline_run, a
+# minute of stages after a Prefect server's start) and the four tracked trainings (tests/reliability/conftest.py:
+# tracked_runs, four training processes at once).
+SHARED_FIXTURE_FILES = {
+    "first_pipeline_run": tuple(f"tests/pipelines/{name}.py" for name in
+                                ("test_pipeline", "test_reproducible", "test_schedule", "test_search", "test_sweep")),
+    "tracked_runs": ("tests/reliability/test_security.py", "tests/reliability/test_tracking.py"),
+}
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit `--dist loadfile` hands a worker whole: the test's file, or the files sharing the pipeline run."""
+    """The unit `--dist loadfile` hands a worker whole: the test's file, or the files sharing a session fixture."""
     path = nodeid.split("::", 1)[0]
-    return "tests/pipelines (first_pipeline_run)" if path in PIPELINE_RUN_FILES else path
+    return next((f"shared {fixture}" for fixture, files in SHARED_FIXTURE_FILES.items() if path in files), path)
 
 
 def pytest_xdist_make_scheduler(config, log):
