@@ -230,7 +230,11 @@ def preflight(out: Path, site: Path, device: str) -> dict:
 
 def install_wheels(found: Findings, site: Path, **_) -> None:
     """Install, in one pip call, the wheels of .whl/ whose modules this python lacks (wheels_to_install)."""
-    picks = wheels_to_install(sorted((REPO / ".whl").glob("*.whl")))
+    wheels = sorted((REPO / ".whl").glob("*.whl"))
+    broken = [w for w in wheels if not zipfile.is_zipfile(w)]  # a download cut short, say
+    if broken:
+        found.problems.append("not a wheel (no zip archive) in .whl/: " + ", ".join(w.name for w in broken))
+    picks = wheels_to_install([w for w in wheels if w not in broken])
     found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks]
     if picks and install(picks, site):  # one wheel pip refuses fails the call: then each alone, so the rest land
         errors = [f"{w.name}: {error}" for w in picks if (error := install([w], site))]

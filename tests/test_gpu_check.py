@@ -141,7 +141,7 @@ def test_the_preflight_installs_every_wheel_whose_modules_are_missing_and_none_t
     assert wheels_to_install([dependency, single, extension, present, data_only]) == [dependency, single, extension]
 
 
-def test_a_wheel_pip_refuses_costs_only_itself(tmp_path, monkeypatch):
+def test_a_wheel_pip_refuses_or_a_broken_file_costs_only_itself(tmp_path, monkeypatch):
     from benchmarks import gpu_preflight
 
     def wheel(name: str, tag: str) -> None:
@@ -155,12 +155,14 @@ def test_a_wheel_pip_refuses_costs_only_itself(tmp_path, monkeypatch):
     (tmp_path / ".whl").mkdir()
     wheel("zz_installable", "py3-none-any")
     wheel("zz_other_platform", "cp27-cp27m-win32")
+    (tmp_path / ".whl" / "zz_cut_short-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 cut")
     monkeypatch.setattr(gpu_preflight, "REPO", tmp_path)
     found = gpu_preflight.Findings()
     gpu_preflight.install_wheels(found, site=tmp_path / "site")
     assert (tmp_path / "site" / "zz_installable" / "__init__.py").exists()
     assert found.record["installed_from_whl"] == ["zz_installable"]
-    assert len(found.problems) == 1 and "zz_other_platform" in found.problems[0]
+    assert len(found.problems) == 2
+    assert "zz_cut_short" in found.problems[0] and "zz_other_platform" in found.problems[1]
 
 
 def test_a_failed_benchmark_part_makes_the_run_exit_1_with_its_json_written(tmp_path):
