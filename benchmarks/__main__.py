@@ -7,6 +7,7 @@
     python -m benchmarks --only predict        # the trained models in use: predict command, pyfunc, served requests
     python -m benchmarks --only data_scale     # prepare and streamed training on N and 8N generated JPEGs
     python -m benchmarks --only search         # a search with and without pruning; text weight decay on validation
+    python -m benchmarks --only pipeline       # the default pipeline's dvc repro: wall, stages, test metrics
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from benchmarks.common import DEFAULT_OUT, PartResult, environment, fmt, log, ta
 
 TRAINING = ("classifier", "segmenter", "text")
 QUALITY = ("text_quality", "segmentation_quality")  # model quality on user-like data (minutes each)
-PARTS = (*TRAINING, "mfu", "overhead", "scaling", *QUALITY, "data_scale", "predict", "search")
+PARTS = (*TRAINING, "mfu", "overhead", "pipeline", "scaling", *QUALITY, "data_scale", "predict", "search")
 ALIASES = {"training": TRAINING, "training_speed": TRAINING, "all": PARTS, "quality": QUALITY}
 
 # The targets per device: (headline key, comparison, threshold, what). CPU: the 2-core machine's; CUDA: one H200's.
@@ -40,6 +41,13 @@ TARGETS = {
            f"train_{task}: last step to exit in a two-epoch run, less the test pass (s)")
           for task in ("classifier", "segmenter", "text")),
         ("prefect_overhead_fraction_default_pipeline", "<=", 0.10, "Prefect overhead / default pipeline wall time"),
+        ("default_pipeline_s", "<=", 180, "default pipeline: `dvc repro` of params.yaml in a fresh copy (s)"),
+        ("default_classifier_accuracy_over_floor_points", ">=", 0,
+         "default pipeline: classifier test accuracy over this CPU kind's floor (points)"),
+        ("default_segmenter_iou_over_floor_points", ">=", 0,
+         "default pipeline: segmenter test mean IoU over this CPU kind's floor (points)"),
+        ("default_text_accuracy_over_baseline_points", ">=", 1.0,
+         "default pipeline: text test accuracy over its TF-IDF baseline (points)"),
         ("predict_pyfunc_over_direct_min", ">=", 0.8, "predict: MLflow pyfunc / direct batch throughput (worst model)"),
         ("predict_text_request_p50_ms", "<=", 25, "predict: one-text /invocations request p50 (ms)"),
         ("predict_image_request_p50_ms", "<=", 30, "predict: one 28x28 image /invocations request p50 (ms)"),
@@ -80,7 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "defaults of training_speed.SCALES; more epochs sharpen the accuracy comparison)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's model as well")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON files and summary.md go")
-    parser.add_argument("--keep-workspace", action="store_true", help="keep the overhead part's repo copy")
+    parser.add_argument("--keep-workspace", action="store_true", help="keep the overhead, pipeline and search parts' repo copies")
     args = parser.parse_args(argv)
     parts: list[str] = []
     for item in (x.strip() for x in args.only.split(",") if x.strip()):
@@ -110,7 +118,8 @@ def check_targets(headline: dict[str, Any], device: str = "cpu") -> list[list[st
             ok = value >= threshold if op == ">=" else value <= threshold
             verdict = "met" if ok else "MISSED"
         shown = fmt(value, "pct") if "fraction" in key or key.endswith("_mfu") else (
-            fmt(value, "x") if "_over_" in key and not key.endswith("_s") and "_s_" not in key else fmt(value))
+            fmt(value, "x") if "_over_" in key and not key.endswith(("_s", "_points")) and "_s_" not in key
+            else fmt(value))
         accuracy = headline.get("classifier_engine_test_accuracy")
         if key == "classifier_max_accuracy_gap_points" and accuracy is not None:
             shown += f" (engine at {100 * accuracy:.1f}%)"
@@ -151,6 +160,8 @@ def main(argv: list[str]) -> int:
         results.append(run_part("scaling", lambda m: m.run(args.quick, args.repeats, device)))
     if "overhead" in args.parts:
         results.append(run_part("overhead", lambda m: m.run(args.quick, args.repeats, keep=args.keep_workspace)))
+    if "pipeline" in args.parts:
+        results.append(run_part("pipeline", lambda m: m.run(args.quick, keep=args.keep_workspace)))
     for part in (*QUALITY, "data_scale"):
         if part in args.parts:
             results.append(run_part(part, lambda m: m.run(args.quick)))

@@ -73,10 +73,12 @@ def run_cmd(cmd: list[str], cwd: Path, env: dict[str, str], logfile: Path) -> tu
 
 
 class Workspace:
-    """A private git + DVC copy of this repository on tiny params, set up once for every overhead measurement."""
+    """A private git + DVC copy of this repository on tiny params (or params.yaml as it is), set up once for every
+    overhead measurement."""
 
-    def __init__(self, tmp: Path, target: str | None = None):
+    def __init__(self, tmp: Path, target: str | None = None, tiny: bool = True):
         self.target = [target] if target else []
+        self.tiny = tiny
         self.root = tmp / "repo"
         self.root.mkdir(parents=True)
         self.log = tmp / "commands.log"
@@ -88,9 +90,10 @@ class Workspace:
         copy_worktree(REPO, self.root)
         for leftover in ("dvc.lock", "mlflow.db"):
             (self.root / leftover).unlink(missing_ok=True)
-        params = yaml.safe_load((self.root / "params.yaml").read_text())
-        deep_merge(params, known_sections(params, TINY_PARAMS))
-        (self.root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        if self.tiny:
+            params = yaml.safe_load((self.root / "params.yaml").read_text())
+            deep_merge(params, known_sections(params, TINY_PARAMS))
+            (self.root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         cold = yaml.safe_load((REPO / "params.yaml").read_text())
         deep_merge(cold, COLD_START_OVERRIDES)
         (self.root.parent / "cold_params.yaml").write_text(yaml.safe_dump(cold, sort_keys=False))

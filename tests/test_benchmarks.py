@@ -102,6 +102,41 @@ def test_quick_classifier_and_mfu_parts_write_their_reports(tmp_path):
     assert (tmp_path / "top_ops_classifier_step.txt").is_file()
 
 
+def test_the_pipeline_part_knows_the_cpu_kind_times_stages_and_checks_the_floors():
+    from benchmarks import pipeline
+
+    assert pipeline.cpu_kind("flags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile", native_bf16=True) == "xeon_amx"
+    assert pipeline.cpu_kind("flags : fpu avx2 avx512f avx512_bf16", native_bf16=True) == "avx512_bf16"
+    assert pipeline.cpu_kind("flags : fpu avx2 avx512_bf16 amx_bf16", native_bf16=False) == "fp32"  # held to AVX2
+    lines = [(10.0, "Running stage 'prepare':"), (11.0, "> python -m stages.prepare ..."),
+             (14.5, "Running stage 'train_text':"), (15.0, "Updating lock file 'dvc.lock'"),
+             (40.0, "Running stage 'evaluate':")]
+    assert pipeline.stage_seconds(lines, end=47.25) == {"prepare": 4.5, "train_text": 25.5, "evaluate": 7.25}
+    test = {"classifier": {"accuracy": 0.9855}, "segmenter": {"mean_iou": 0.93},
+            "text": {"accuracy": 0.766, "baseline_accuracy": 0.754}}
+    figures = pipeline.headline_figures({"cpu_kind": "avx512_bf16", "wall_s": 190.0, "test": test})
+    rows = {r[0].split(": ", 1)[1]: (r[1], r[3]) for r in check_targets(figures) if r[0].startswith("default")}
+    assert rows["`dvc repro` of params.yaml in a fresh copy (s)"] == ("190", "MISSED")
+    assert rows["classifier test accuracy over this CPU kind's floor (points)"] == ("-0.05", "MISSED")
+    assert rows["segmenter test mean IoU over this CPU kind's floor (points)"] == ("-0.01", "MISSED")
+    assert rows["text test accuracy over its TF-IDF baseline (points)"] == ("1.2", "met")
+    fp32 = pipeline.headline_figures({"cpu_kind": "fp32", "wall_s": 170.0, "test": test})
+    assert fp32["default_classifier_accuracy_over_floor_points"] == 0.05 and fp32["default_pipeline_s"] == 170.0
+
+
+@pytest.mark.slow
+def test_the_pipeline_part_runs_dvc_repro_in_a_copy_and_reads_only_what_ran():
+    from benchmarks import pipeline
+
+    result = pipeline.run(quick=True)
+    assert "error" not in result.data, result.data.get("error")
+    assert list(result.data["stage_s"]) == ["prepare"] and result.data["stage_s"]["prepare"] > 0
+    assert result.data["wall_s"] >= result.data["stage_s"]["prepare"]
+    assert result.data["test"] == {}  # the copy holds the committed reports; evaluate did not run
+    assert result.headline == {} and "| prepare | " in result.markdown
+    assert not Path(result.data["workspace"]).exists()
+
+
 def test_the_bare_reference_step_trains_and_refuses_a_graph_without_cuda():
     import torch
 
