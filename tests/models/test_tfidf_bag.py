@@ -249,3 +249,14 @@ def test_the_candidates_cpu_gather_and_the_graph_safe_gather_agree_in_value_and_
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
     assert results[0][0][1].eq(0).all() and results[0][1].abs().sum() > 0
+
+
+def test_gather_is_advanced_indexing():
+    from trainlab.models.tfidf_bag import gather
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (4, 7), generator=generator)
+    for table in (torch.rand(50, generator=generator), torch.randint(0, 9, (50, 3), generator=generator)):
+        assert torch.equal(gather(table, ids), table[ids])
+    strided = ids[:, ::2]  # not contiguous
+    assert torch.equal(gather(table, strided), table[strided]) and gather(table, strided).shape == (4, 4, 3)

@@ -46,6 +46,12 @@ def char_ngram_table(vocab: Sequence[str], rows: int, low: int, high: int, bucke
     return table
 
 
+def gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``table[ids]`` by index_select: the same values, 2-4x faster on a CPU than advanced indexing for a
+    training step's 200k ids."""
+    return table.index_select(0, ids.flatten()).view(*ids.shape, *table.shape[1:])
+
+
 class _DecayGradient(torch.autograd.Function):
     """0 forward; backward, the gradient ``decay * weight`` (one pass over the weight, no penalty computed)."""
 
@@ -68,7 +74,7 @@ class _HeldRowsBag(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids: torch.Tensor, weights: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         held = (ids != 0).flatten().nonzero().squeeze(1)
-        flat, flat_weights = ids.flatten()[held], weights.flatten()[held]
+        flat, flat_weights = ids.flatten().index_select(0, held), weights.flatten().index_select(0, held)
         offsets = torch.zeros(len(ids), dtype=torch.int64, device=ids.device)
         offsets[1:] = (ids[:-1] != 0).sum(1).cumsum(0)
         ctx.save_for_backward(flat, flat_weights, held // ids.size(1))
@@ -154,7 +160,7 @@ class TfidfBag(nn.Module):
 
     def char_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """(N, L) token ids -> (N, L * CHAR_SLOTS) ids of each word's character n-grams (none: (N, 0))."""
-        return self.char_table[tokens].flatten(1)
+        return gather(self.char_table, tokens).flatten(1)
 
     @torch.no_grad()
     def fit_idf(self, tokens: torch.Tensor) -> None:
@@ -185,7 +191,7 @@ class TfidfBag(nn.Module):
         self.weight = nn.Parameter(self.weight.new_zeros(int(seen.sum()) + 1, self.weight.size(1)))
 
     def normalised_weights(self, ids: torch.Tensor) -> torch.Tensor:
-        weights = self.idf[ids]
+        weights = gather(self.idf, ids)
         if self.training and self.dropout:
             weights = weights * (torch.rand(ids.shape, device=ids.device) >= self.dropout)
         return weights / weights.square().sum(1, keepdim=True).sqrt().clamp(min=1e-12)
@@ -200,7 +206,7 @@ class TfidfBag(nn.Module):
         if not self.weight_decays:
             return self.weighted_rows(ids, weights, bag=False) + self.bias
         on_host = self.host_gather_on_cpu and ids.device.type == "cpu"
-        logits = self.weighted_rows(self.rows[ids], weights, bag=on_host) + self.bias
+        logits = self.weighted_rows(gather(self.rows, ids), weights, bag=on_host) + self.bias
         return logits.view(len(logits), -1, self.num_classes)
 
     def weighted_rows(self, ids: torch.Tensor, weights: torch.Tensor, bag: bool) -> torch.Tensor:
