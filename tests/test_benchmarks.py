@@ -124,17 +124,39 @@ def test_the_pipeline_part_knows_the_cpu_kind_times_stages_and_checks_the_floors
     assert fp32["default_classifier_accuracy_over_floor_points"] == 0.05 and fp32["default_pipeline_s"] == 170.0
 
 
-@pytest.mark.slow
-def test_the_pipeline_part_runs_dvc_repro_in_a_copy_and_reads_only_what_ran():
-    from benchmarks import pipeline
+def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_what_ran(tmp_path):
+    from types import SimpleNamespace
 
-    result = pipeline.run(quick=True)
-    assert "error" not in result.data, result.data.get("error")
-    assert list(result.data["stage_s"]) == ["prepare"] and result.data["stage_s"]["prepare"] > 0
-    assert result.data["wall_s"] >= result.data["stage_s"]["prepare"]
-    assert result.data["test"] == {}  # the copy holds the committed reports; evaluate did not run
-    assert result.headline == {} and "| prepare | " in result.markdown
-    assert not Path(result.data["workspace"]).exists()
+    from benchmarks import pipeline
+    from benchmarks.overhead import base_env, run_cmd
+
+    root = tmp_path / "repo"
+    (root / "reports" / "evaluate").mkdir(parents=True)
+    (root / "dvc.yaml").write_text(textwrap.dedent("""
+        stages:
+          prepare:
+            cmd: sleep 0.4 && echo prepared > prepared.txt
+            outs: [prepared.txt]
+          train_text:
+            cmd: mkdir -p reports/text && cp timing.json reports/text/run.json
+            deps: [prepared.txt]
+            outs: [reports/text/run.json]
+    """))
+    (root / "reports" / "evaluate" / "metrics.json").write_text('{"classifier": {"accuracy": 0.5}}')  # committed
+    (root / "timing.json").write_text('{"timing": {"train_time_s": 1.5}}')
+    ws = SimpleNamespace(root=root, env=base_env(root), log=tmp_path / "commands.log", target=[])
+    for cmd in (["git", "init", "-q"], [str(pipeline.BIN / "dvc"), "init", "-q"]):
+        run_cmd(cmd, root, ws.env, ws.log)
+
+    wall, stages = pipeline.timed_repro(ws)
+
+    assert list(stages) == ["prepare", "train_text"] and stages["prepare"] >= 0.4
+    assert wall >= sum(stages.values()) - 0.01
+    found = pipeline.results(root, stages)
+    assert found == {"test": {}, "training_stage_timing": {"text": {"train_time_s": 1.5}}}  # evaluate did not run
+    ws.target = ["missing_stage"]
+    with pytest.raises(RuntimeError, match="exited with"):
+        pipeline.timed_repro(ws)
 
 
 def test_the_bare_reference_step_trains_and_refuses_a_graph_without_cuda():
