@@ -3,11 +3,15 @@ SQLite), its wall time and each stage's, and the test metrics against this CPU k
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,24 +53,36 @@ def stage_seconds(events: Iterable[tuple[float, str]], end: float) -> dict[str, 
     return {name: round(stop - t, 2) for (t, name), stop in zip(starts, bounds)}
 
 
+def stop_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def timed_repro(ws: Workspace) -> tuple[float, dict[str, float]]:
     """`dvc repro` in the workspace, its output streamed line by line to the log with the time each line came."""
     cmd = [str(BIN / "dvc"), "repro", *ws.target]
     events: list[tuple[float, str]] = []
     t0 = time.perf_counter()
+    # its own process group, stopped whole: at the deadline a stage that hangs without printing stops too (and
+    # closes the pipe), and an interrupted benchmark leaves no stage running
     with open(ws.log, "a") as logfile, subprocess.Popen(cmd, cwd=ws.root, env=ws.env, stdout=subprocess.PIPE,
                                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                        text=True) as proc:
+                                                        text=True, start_new_session=True) as proc:
         logfile.write(f"$ {' '.join(cmd)}\n")
-        deadline = t0 + COMMAND_TIMEOUT_S
-        for line in proc.stdout:
-            events.append((time.perf_counter(), line.rstrip("\n")))
-            logfile.write(line)
-            if events[-1][0] > deadline:
-                proc.kill()
-                raise RuntimeError(f"`dvc repro` ran over {COMMAND_TIMEOUT_S} s")
-        code = proc.wait()
+        timed_out = threading.Event()
+        timer = threading.Timer(COMMAND_TIMEOUT_S, lambda: (timed_out.set(), stop_group(proc.pid)))
+        timer.start()
+        try:
+            for line in proc.stdout:
+                events.append((time.perf_counter(), line.rstrip("\n")))
+                logfile.write(line)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            stop_group(proc.pid)  # what is left of it: nothing after a normal end
     wall = time.perf_counter() - t0
+    if timed_out.is_set():
+        raise RuntimeError(f"`dvc repro` ran over {COMMAND_TIMEOUT_S} s and was stopped")
     if code != 0:
         tail = [line for _, line in events][-8:]
         raise RuntimeError(f"`dvc repro` exited with {code}: " + " | ".join(tail))

@@ -124,7 +124,7 @@ def test_the_pipeline_part_knows_the_cpu_kind_times_stages_and_checks_the_floors
     assert fp32["default_classifier_accuracy_over_floor_points"] == 0.05 and fp32["default_pipeline_s"] == 170.0
 
 
-def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_what_ran(tmp_path):
+def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_what_ran(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from benchmarks import pipeline
@@ -141,6 +141,8 @@ def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_w
             cmd: mkdir -p reports/text && cp timing.json reports/text/run.json
             deps: [prepared.txt]
             outs: [reports/text/run.json]
+          hangs:
+            cmd: sleep 60
     """))
     (root / "reports" / "evaluate" / "metrics.json").write_text('{"classifier": {"accuracy": 0.5}}')  # committed
     (root / "timing.json").write_text('{"timing": {"train_time_s": 1.5}}')
@@ -148,6 +150,7 @@ def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_w
     for cmd in (["git", "init", "-q"], [str(pipeline.BIN / "dvc"), "init", "-q"]):
         run_cmd(cmd, root, ws.env, ws.log)
 
+    ws.target = ["train_text"]
     wall, stages = pipeline.timed_repro(ws)
 
     assert list(stages) == ["prepare", "train_text"] and stages["prepare"] >= 0.4
@@ -156,6 +159,10 @@ def test_the_pipeline_part_times_each_stage_of_a_real_dvc_repro_and_reads_only_w
     assert found == {"test": {}, "training_stage_timing": {"text": {"train_time_s": 1.5}}}  # evaluate did not run
     ws.target = ["missing_stage"]
     with pytest.raises(RuntimeError, match="exited with"):
+        pipeline.timed_repro(ws)
+    ws.target = ["hangs"]  # silent: stopped at the deadline all the same
+    monkeypatch.setattr(pipeline, "COMMAND_TIMEOUT_S", 2)
+    with pytest.raises(RuntimeError, match="ran over 2 s"):
         pipeline.timed_repro(ws)
 
 
