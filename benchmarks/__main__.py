@@ -88,7 +88,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "defaults of training_speed.SCALES; more epochs sharpen the accuracy comparison)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's model as well")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON files and summary.md go")
-    parser.add_argument("--keep-workspace", action="store_true", help="keep the overhead, pipeline and search parts' repo copies")
+    parser.add_argument("--keep-workspace", action="store_true",
+                        help="keep the overhead, pipeline and search parts' repo copies")
     args = parser.parse_args(argv)
     parts: list[str] = []
     for item in (x.strip() for x in args.only.split(",") if x.strip()):
