@@ -149,17 +149,17 @@ def run(quick: bool, keep: bool = False) -> PartResult:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
     headline = headline_figures(data)
-    return PartResult("pipeline", data, markdown(data, headline), headline, time.perf_counter() - t0)
+    return PartResult("pipeline", data, markdown(data), headline, time.perf_counter() - t0)
 
 
-def markdown(data: dict[str, Any], headline: dict[str, Any]) -> str:
+def markdown(data: dict[str, Any]) -> str:
     kind = data["cpu_kind"]
     lines = ["## Default pipeline", ""]
     if "error" in data:
         lines += [f"Failed: `{data['error'][:500]}`", ""]
     what = "tiny params up to `prepare` (a smoke run: no figure)" if data["quick"] else "params.yaml"
-    lines.append(f"`dvc repro` of {what} in a fresh private copy (no dvc.lock: each stage runs; tracking on, local SQLite). "
-                 f"CPU kind: {CPU_KINDS[kind]}.")
+    lines.append(f"`dvc repro` of {what} in a fresh private copy (no dvc.lock: each stage runs; tracking on, local "
+                 f"SQLite). CPU kind: {CPU_KINDS[kind]}.")
     lines.append("")
     timing = data.get("training_stage_timing", {})
     rows = [[name, fmt(seconds, "s"), fmt(timing.get(name.removeprefix("train_"), {}).get("train_time_s"), "s")
