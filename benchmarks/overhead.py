@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,11 +59,27 @@ def base_env(root: Path) -> dict[str, str]:
     return env
 
 
+def stop_group(pid: int) -> None:
+    """SIGKILL a process group (a command started with start_new_session) and so every process it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def run_cmd(cmd: list[str], cwd: Path, env: dict[str, str], logfile: Path) -> tuple[float, str]:
-    """Run a command, its output appended to `logfile`; returns (wall seconds, output). Raises on failure."""
+    """Run a command, its output appended to `logfile`; returns (wall seconds, output). Raises on failure. At the
+    deadline its whole process group is stopped: `dvc repro` stopped alone would leave its stage running."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL, check=False)
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL, start_new_session=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            stop_group(popen.pid)
+            popen.communicate()
+            raise
+        finally:
+            stop_group(popen.pid)
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     wall = time.perf_counter() - t0
     with open(logfile, "a") as f:
         f.write(f"$ {' '.join(cmd)}  ({wall:.2f} s, exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}\n")

@@ -3,11 +3,8 @@ SQLite), its wall time and each stage's, and the test metrics against this CPU k
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
 import shutil
 import subprocess
 import tempfile
@@ -18,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import PartResult, fmt, log, table
-from benchmarks.overhead import BIN, COMMAND_TIMEOUT_S, Workspace
+from benchmarks.overhead import BIN, COMMAND_TIMEOUT_S, Workspace, stop_group
 
 # The three 2-core CPU kinds (README, Figures) by what `precision: auto` can use; a CPU without native bf16
 # (AVX2 only, AVX-512 without BF16, or one held to AVX2) computes in fp32 like the EPYC with AVX2 only
@@ -51,11 +48,6 @@ def stage_seconds(events: Iterable[tuple[float, str]], end: float) -> dict[str, 
     starts = [(t, m.group(1)) for t, line in events if (m := STAGE_LINE.match(line))]
     bounds = [t for t, _ in starts[1:]] + [end]
     return {name: round(stop - t, 2) for (t, name), stop in zip(starts, bounds)}
-
-
-def stop_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def timed_repro(ws: Workspace) -> tuple[float, dict[str, float]]:

@@ -182,3 +182,27 @@ def test_the_bare_reference_step_trains_and_refuses_a_graph_without_cuda():
     for _ in range(15):
         step()
     assert loss() < before * 0.8
+
+
+def test_a_command_past_its_deadline_is_stopped_with_every_process_it_started(tmp_path, monkeypatch):
+    import time
+
+    from benchmarks import overhead
+
+    monkeypatch.setattr(overhead, "COMMAND_TIMEOUT_S", 1)
+    pid_file = tmp_path / "stage.pid"
+    with pytest.raises(subprocess.TimeoutExpired):  # as `dvc repro` runs a stage: a child process of its own
+        overhead.run_cmd(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path, dict(os.environ),
+                         tmp_path / "log")
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+
+    def running() -> bool:  # a zombie (killed, not yet reaped by whoever adopted it) runs no more
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(), "the command's child process outlived the command's deadline"
