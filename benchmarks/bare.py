@@ -70,7 +70,7 @@ class BareUpdate:
         lr = torch.tensor(cfg.lr, device=device) if graph else cfg.lr
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, fused=cuda,
                                 capturable=graph, foreach=None if cuda else True)
-        gen = torch.Generator(device).manual_seed(seed) if cfg.augment else None
+        gen = torch.Generator(device).manual_seed(seed) if cfg.augments else None
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(runtime.precision)
         return cls(task, model, cfg, runtime, params, opt, gen, dtype)
 

@@ -17,7 +17,7 @@ from trainlab.core.cli import run_cli
 from trainlab.core.config import Params
 from trainlab.core.errors import DataError
 from trainlab.data.decoding import BAD_FILES_SHOWN, BadFiles
-from trainlab.data.folders import index_image_folder
+from trainlab.data.folders import AUTO_PHOTO_SIZE, index_image_folder
 from trainlab.data.prepared import SPLITS, load_meta, load_split, split_files
 from trainlab.data.transforms import CROP, ImagePolicy, load_preprocessing
 from trainlab.data.writing import write_labeled_files
@@ -58,7 +58,21 @@ def test_labels_follow_sorted_folder_names(tmp_path):
                                                                  size=8))
     assert meta["class_names"] == ["cat", "dog"] and all_labels(splits) == [0] * 5 + [1] * 5
     assert splits["train"]["images"].shape[1:] == (3, 8, 8)  # one small shared size: kept as it is
-    assert meta["augment"] == "photo" and meta["hflip"] is True
+    # small colour images of one size (icons, digits as RGB PNGs) are not taken for photos: no crop or mirror
+    assert meta["augment"] == "shift" and meta["hflip"] is False
+    assert meta["auto"]["hflip"]["value"] is False and "one size" in meta["auto"]["augment"]["why"]
+
+
+def test_a_folder_of_gray_digits_gets_no_mirror_and_no_photo_crops(tmp_path):
+    from trainlab.data.embedded import load_mnist_5k
+
+    digits, labels = load_mnist_5k()
+    for i in range(40):
+        save_png(tmp_path / "digits" / str(labels[i]) / f"{i}.png", digits[i])
+    splits, meta, _ = prepare_images(tmp_path, tmp_path / "digits")
+    assert meta["augment"] == "shift" and meta["hflip"] is False
+    assert "gray" in meta["auto"]["augment"]["why"] and meta["auto"]["image_size"]["value"] == 28
+    assert splits["train"]["images"].shape[1:] == (1, 28, 28)
 
 
 def test_gray_and_rgb_images_mix_into_rgb(tmp_path):
@@ -75,10 +89,12 @@ def test_photos_of_every_size_and_encoding_prepare_at_the_image_size(tmp_path):
     sizes = {Image.open(p).size for p in root.rglob("*.*")}
     assert len(sizes) > 20  # really of many sizes
     splits, meta, stats = prepare_images(tmp_path, root)
-    assert meta["height"] == meta["width"] == 64 and meta["channels"] == 3
+    size = AUTO_PHOTO_SIZE
+    assert meta["height"] == meta["width"] == size and meta["channels"] == 3
+    assert meta["augment"] == "photo" and meta["hflip"] is True and "photos" in meta["auto"]["augment"]["why"]
     assert sum(len(splits[s]["labels"]) for s in SPLITS) == 40
     assert stats["resize"]["resize"] == CROP and stats["files"]["image_files"] == 40
-    assert load_preprocessing(tmp_path / "prepared")["image"] == ImagePolicy(3, 64, 64, CROP).to_dict()
+    assert load_preprocessing(tmp_path / "prepared")["image"] == ImagePolicy(3, size, size, CROP).to_dict()
     splits, meta, _ = prepare_images(tmp_path, root, image_size=40)
     assert splits["test"]["images"].shape[1:] == (3, 40, 40)
 
@@ -232,11 +248,28 @@ def test_images_of_varying_sizes_are_stretched_masks_keep_their_classes(tmp_path
         mask[h // 4:h // 2, w // 4:w // 2], mask[-h // 3:, -w // 3:] = 1, 2
         save_png(root / "masks" / f"p{i}.png", mask)
     splits, meta, _ = prepare_masks(tmp_path, root)
-    assert (meta["height"], meta["width"]) == (128, 128)
+    assert (meta["height"], meta["width"]) == (400, 400)  # the median longer side
+    assert "stretched" in meta["auto"]["image_size"]["why"]
     masks = np.concatenate([splits[s]["masks"].numpy() for s in SPLITS])
     assert set(np.unique(masks).tolist()) == {0, 1, 2}
     splits, meta, _ = prepare_masks(tmp_path, root, image_size=48)
     assert splits["val"]["images"].shape[1:] == (3, 48, 48) and splits["val"]["masks"].shape[1:] == (48, 48)
+
+
+def test_images_of_one_large_size_keep_their_own_resolution(tmp_path):
+    rng = np.random.default_rng(0)
+    root = tmp_path / "seg"
+    for i in range(10):
+        save_png(root / "images" / f"p{i}.png", rng.integers(0, 256, (300, 420), dtype=np.uint8))
+        mask = np.zeros((300, 420), np.uint8)
+        mask[::7, :], mask[:, ::9] = 1, 2  # one-pixel lines: what a resize would erase
+        save_png(root / "masks" / f"p{i}.png", mask)
+    splits, meta, _ = prepare_masks(tmp_path, root)
+    assert (meta["height"], meta["width"]) == (300, 420)
+    assert meta["auto"]["image_size"] == {"value": "300x420",
+                                          "why": "kept at their own resolution: every image is 300x420"}
+    assert np.array_equal(splits["train"]["masks"][0].numpy() == 1, np.isin(np.arange(300), range(0, 300, 7))[:, None]
+                          & (np.arange(420) % 9 != 0)[None, :])
 
 
 def test_jpeg_images_with_tiff_masks(tmp_path):

@@ -1,6 +1,8 @@
-"""torchvision datasets from raw files under data/raw: fake MNIST idx files, a fake CIFAR10, clear errors."""
+"""torchvision datasets from raw files under data/raw: fake MNIST idx files (plain or .gz), a fake CIFAR10, errors."""
 
+import gzip
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,12 +23,87 @@ def test_fashion_mnist_class_names(tmp_path):
     assert data.class_names[0] == "T-shirt/top" and len(data.train_labels) == 40
 
 
-def test_missing_raw_file_is_named_with_a_gz_hint(tmp_path):
+QUALITY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "quality"
+
+
+def gzip_in_place(path: Path) -> None:
+    """Replace an idx file by its .gz, as the official distribution ships it."""
+    path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+
+
+def test_gzipped_idx_files_read_identically_to_plain_ones(tmp_path):
+    plain = load_official_splits("fashion_mnist", make_fake_mnist(tmp_path / "plain", folder="FashionMNIST"))
+    raw = make_fake_mnist(tmp_path / "gz", folder="FashionMNIST") / "FashionMNIST" / "raw"
+    for path in sorted(raw.iterdir()):
+        gzip_in_place(path)
+    assert sorted(p.name for p in raw.iterdir())[0] == "t10k-images-idx3-ubyte.gz"
+    packed = load_official_splits("fashion_mnist", tmp_path / "gz")
+    for name in ("train_images", "train_labels", "test_images", "test_labels"):
+        a, b = getattr(plain, name), getattr(packed, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+    assert packed.class_names == plain.class_names
+
+
+def test_plain_file_and_gz_may_be_mixed(tmp_path):
+    make_fake_mnist(tmp_path)
+    gzip_in_place(tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte")
+    data = load_official_splits("mnist", tmp_path)
+    assert data.train_images.shape == (40, 1, 28, 28)
+
+
+def test_corrupt_gz_is_a_data_error_naming_the_file(tmp_path):
     make_fake_mnist(tmp_path)
     raw = tmp_path / "MNIST" / "raw"
-    (raw / "t10k-labels-idx1-ubyte").rename(raw / "t10k-labels-idx1-ubyte.gz")
-    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte: raw mnist file missing \(found .*gunzip"):
+    (raw / "train-labels-idx1-ubyte").unlink()
+    (raw / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b\x08\x00not really gzip")
+    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte\.gz: corrupt gzip file"):
         load_official_splits("mnist", tmp_path)
+
+
+def test_truncated_gz_is_a_data_error_naming_the_file(tmp_path):
+    make_fake_mnist(tmp_path)
+    path = tmp_path / "MNIST" / "raw" / "t10k-images-idx3-ubyte"
+    gzip_in_place(path)
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(gz.read_bytes()[:-30])
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte\.gz: corrupt gzip file"):
+        load_official_splits("mnist", tmp_path)
+
+
+def test_gz_holding_a_wrong_idx_is_a_corrupt_idx_file(tmp_path):
+    make_fake_mnist(tmp_path)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.unlink()
+    path.with_name(path.name + ".gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03" + b"\x00" * 5))
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz: corrupt idx file"):
+        load_official_splits("mnist", tmp_path)
+
+
+def test_missing_raw_file_names_both_acceptable_names(tmp_path):
+    make_fake_mnist(tmp_path)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte \(or t10k-labels-idx1-ubyte\.gz\): raw mnist file "
+                                        r"missing"):
+        load_official_splits("mnist", tmp_path)
+
+
+def test_truncated_idx_data_is_a_corrupt_idx_file(tmp_path):
+    make_fake_mnist(tmp_path)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte: corrupt idx file \(.*bytes of data"):
+        load_official_splits("mnist", tmp_path)
+
+
+@pytest.mark.skipif(not (QUALITY / "FashionMNIST" / "raw").is_dir(),
+                    reason=f"{QUALITY}/FashionMNIST/raw absent (the shared quality data sets)")
+def test_the_official_fashion_mnist_gz_files_load():
+    data = load_official_splits("fashion_mnist", QUALITY)
+    assert data.train_images.shape == (60000, 1, 28, 28) and data.test_images.shape == (10000, 1, 28, 28)
+    assert data.train_images.dtype == np.uint8 and data.train_labels.dtype == np.int64
+    assert np.bincount(data.train_labels).tolist() == [6000] * 10
+    assert np.bincount(data.test_labels).tolist() == [1000] * 10
 
 
 def test_corrupt_idx_file_is_named(tmp_path):

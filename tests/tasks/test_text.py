@@ -105,20 +105,6 @@ def test_symmetries_land_in_meta_and_embedded_canvases_refuse_them(tmp_path):
         segmentation_symmetries(Params.model_validate({"data": {"segmentation": {"symmetries": "flips"}}}))
 
 
-def test_batch_larger_than_the_training_set_names_the_largest_that_works(tmp_path):
-    from trainlab.tasks import get
-    from trainlab.tasks.base import check_prepared
-
-    splits = {s: {"images": torch.zeros(n, 1, 8, 8, dtype=torch.uint8), "masks": torch.zeros(n, 8, 8,
-                                                                                             dtype=torch.uint8)}
-              for s, n in (("train", 21), ("val", 3), ("test", 6))}
-    meta = {"num_classes": 2, "channels": 1}
-    with pytest.raises(DataError, match=r"21 training samples, fewer than segmenter.batch_size \(32\): the largest "
-                                        r"batch size that works is 21"):
-        check_prepared(get("segmenter"), tmp_path, meta, splits, 32)
-    check_prepared(get("segmenter"), tmp_path, meta, splits, 21)
-
-
 # text.weight_decay auto: one head per candidate, chosen on the validation split ---------------------------------------
 
 def test_candidate_metrics_measure_every_head_and_choose_the_lowest_loss():

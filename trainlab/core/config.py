@@ -83,7 +83,9 @@ class TextData(Section):
     delimiter: str = Field(",", min_length=1, max_length=1)
     vocab_size: int = Field(8000, ge=16, le=1_000_000)
     min_frequency: int = Field(2, ge=1)
-    max_length: int = Field(48, ge=4, le=4096)
+    # tokens kept per text ([CLS] included); auto: the 99th percentile of the training split's lengths, rounded up to
+    # a multiple of 8, at most 512 (trainlab.data.tokenizer.auto_max_length), resolved and recorded by prepare
+    max_length: Annotated[int, Field(ge=4, le=4096)] | Literal["auto"] = "auto"
     lowercase: bool = True
     oov_buckets: int = Field(0, ge=0, le=1_000_000, description="hash words outside the vocabulary into this many ids")
 
@@ -107,6 +109,9 @@ class TrainParams(Section):
     init: InitScheme = "default"
     epochs: int = Field(10, ge=1, le=10_000)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    # a budget that follows the data: epochs are raised until training takes at least this many optimizer steps, so a
+    # data set of 40 images gets as many updates as one of 4,000 (trainlab.tasks.resolve; null: epochs as set)
+    min_steps: int | None = Field(None, ge=1, le=1_000_000)
     batch_size: int = Field(128, ge=1, le=65536)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(1e-3, gt=0, le=10)
@@ -126,6 +131,16 @@ class TrainParams(Section):
     checkpoint_every_steps: int = Field(0, ge=0, description="0: a checkpoint at each epoch end only")
 
     @property
+    def epoch_repeats(self) -> int:
+        """Times each training sample is drawn in one epoch (the segmenter's crops per image; else 1)."""
+        return 1
+
+    @property
+    def augments(self) -> bool:
+        """Whether training batches are augmented at all (the classifier's augment is a kind, "none" for off)."""
+        return self.augment not in (False, "none")
+
+    @property
     def optimizer_weight_decay(self) -> float:
         """The weight decay the engine's optimizer applies (0 where the model regularises itself)."""
         return self.weight_decay
@@ -142,6 +157,15 @@ class ClassifierParams(TrainParams):
     freeze_backbone: bool = False
     head_lr: float | None = Field(None, gt=0, le=10)
     precise_bn: bool | Literal["auto"] = "auto"
+    # shift: 2-pixel shifts (and mirrors where data.classification.hflip allows), for digits, letters, scans and small
+    # fixed-size images; photo: torchvision's random resized crops and mirrors, for photos; none. auto: what prepare
+    # found the images to be (meta.json "augment": photo for colour images of varied or large sizes, else shift)
+    augment: Literal["auto", "shift", "photo", "none"] = "auto"
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _augment_bool(cls, value: Any) -> Any:
+        return {True: "auto", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
 
 class SegmenterParams(TrainParams):
@@ -154,10 +178,19 @@ class SegmenterParams(TrainParams):
                                                  "below full resolution: concat (U-Net) or add (half the input "
                                                  "channels of those decoder blocks); full resolution always concats")
     dice_weight: float = Field(0.5, ge=0, le=10)
-    crop_size: int | None = Field(None, ge=8, le=8192, description="train on random square crops of this size "
-                                  "(null: whole images); val and test always see whole images")
-    inference_tile: int | None = Field(None, ge=16, le=8192, description="val/test: predict images larger than this "
-                                       "in overlapping tiles of this size (null: whole images at once)")
+    # auto: crops of AUTO_CROP (trainlab.tasks.resolve) where the stored images are more than twice that a side,
+    # else whole images; val and test always see whole images
+    crop_size: Annotated[int, Field(ge=8, le=8192)] | None | Literal["auto"] = Field(
+        "auto", description="train on random square crops of this size (null: whole images; auto: by image size)")
+    # crops of each image in an epoch; auto: the image's area over the crop's (an epoch covers each image about once)
+    crops_per_image: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
+
+    @property
+    def epoch_repeats(self) -> int:
+        return self.crops_per_image if isinstance(self.crops_per_image, int) and self.crop_size else 1
+    inference_tile: Annotated[int, Field(ge=16, le=8192)] | None | Literal["auto"] = Field(
+        "auto", description="val/test: predict images larger than this in overlapping tiles of this size (null: "
+        "whole images at once; auto: tiles only for images over AUTO_TILE a side)")
 
 
 # text.weight_decay auto for each text.arch: what the optimizer applies (the transformer's and the bags' documented

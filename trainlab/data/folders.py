@@ -20,10 +20,13 @@ CLASS_NAMES_FILE = "classes.txt"
 SPLIT_FOLDERS = ("train", "val", "test")
 FLAT = "all"  # the one "split" of a folder without split folders
 
-# image_size "auto": images that all share one size no larger than this (a side) are kept as they are; anything else
-# is resized to AUTO_SIZE (classification: shorter side, then the centre square; segmentation: stretched).
-AUTO_KEEP_MAX = {"classification": 96, "segmentation": 256}
-AUTO_SIZE = {"classification": 64, "segmentation": 128}
+# image_size "auto", classification: images that all share one size no larger than AUTO_KEEP_MAX a side are kept as
+# they are; anything else (photos) is resized to AUTO_PHOTO_SIZE (shorter side, then the centre square).
+# Segmentation keeps the images' own resolution (thin structures vanish when shrunk: training takes crops, inference
+# whole images or tiles); only images that differ in size, or exceed AUTO_SEGMENTATION_MAX a side, are stretched.
+AUTO_KEEP_MAX = 96
+AUTO_PHOTO_SIZE = 64
+AUTO_SEGMENTATION_MAX = 1024
 
 
 @dataclass
@@ -166,19 +169,42 @@ def probe_files(paths: Sequence[Path], bad: BadFiles, workers: int | None = None
     return probes
 
 
-def choose_policy(probes: Sequence[Probe], image_size: int | str, kind: str, key: str) -> ImagePolicy:
-    """The resize policy for files with these headers: gray when every file is gray, else RGB; `image_size` "auto"
-    keeps one shared size up to AUTO_KEEP_MAX[kind] a side, else resizes to AUTO_SIZE[kind]; a number resizes to it
-    (classification: shorter side, then the centre square; segmentation: the whole image stretched)."""
+def choose_policy(probes: Sequence[Probe], image_size: int | str, kind: str, key: str) -> tuple[ImagePolicy, str]:
+    """The resize policy for files with these headers, and why: gray when every file is gray, else RGB; `image_size`
+    "auto" as AUTO_KEEP_MAX and AUTO_SEGMENTATION_MAX say; a number resizes to it (classification: shorter side, then
+    the centre square; segmentation: the whole image stretched)."""
     if not probes:
         raise DataError(f"{key}: no readable image files")
     channels = 3 if any(p.channels == 3 for p in probes) else 1
     sizes = {(p.height, p.width) for p in probes}
     resize = CROP if kind == "classification" else STRETCH
-    if image_size == "auto":
-        if len(sizes) == 1:
-            height, width = next(iter(sizes))
-            if max(height, width) <= AUTO_KEEP_MAX[kind]:
-                return ImagePolicy(channels, height, width, KEEP)
-        image_size = AUTO_SIZE[kind]
-    return ImagePolicy(channels, int(image_size), int(image_size), resize)
+    if image_size != "auto":
+        return ImagePolicy(channels, int(image_size), int(image_size), resize), "set in params"
+    (height, width), one_size = max(sizes), len(sizes) == 1
+    if kind == "classification":
+        if one_size and max(height, width) <= AUTO_KEEP_MAX:
+            return ImagePolicy(channels, height, width, KEEP), f"kept: every image is {height}x{width}"
+        what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"
+        return (ImagePolicy(channels, AUTO_PHOTO_SIZE, AUTO_PHOTO_SIZE, resize),
+                f"{AUTO_PHOTO_SIZE}: {what}, shorter side resized, centre square")
+    if one_size and max(height, width) <= AUTO_SEGMENTATION_MAX:
+        return ImagePolicy(channels, height, width, KEEP), f"kept at their own resolution: every image is {height}x{width}"
+    side = min(AUTO_SEGMENTATION_MAX, int(np.median([max(p.height, p.width) for p in probes])))
+    what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"
+    return (ImagePolicy(channels, side, side, STRETCH),
+            f"{side}: {what}, stretched to one size (the median side, at most {AUTO_SEGMENTATION_MAX})")
+
+
+def image_kind(probes: Sequence[Probe]) -> tuple[str, str]:
+    """"photo" or "fixed" and why: colour images of varied sizes, or larger than AUTO_KEEP_MAX a side, are photos
+    (mirrors and random resized crops keep their labels); gray images, and small images of one size (digits,
+    letters, scans, icons), are not, and get no augmentation that could change a label."""
+    channels = 3 if any(p.channels == 3 for p in probes) else 1
+    sizes = {(p.height, p.width) for p in probes}
+    largest = max(max(size) for size in sizes)
+    if channels == 1:
+        return "fixed", "gray images (digits, letters or scans: a mirror or a heavy crop can change the class)"
+    if len(sizes) == 1 and largest <= AUTO_KEEP_MAX:
+        return "fixed", f"colour images all {next(iter(sizes))[0]}x{next(iter(sizes))[1]} (small and of one size)"
+    return "photo", (f"colour images of {len(sizes):,} sizes" if len(sizes) > 1
+                     else f"colour images of {largest} px") + " (photos)"

@@ -18,9 +18,9 @@ from trainlab.core.errors import DataError
 EMBEDDED_DIGITS_KEY = "mnist_5k"
 
 
-# Classification sources whose labels survive a horizontal mirror (photos, clothes); digits do not. A user's image
-# folder is taken for photos (data.classification.hflip: false says otherwise).
-MIRROR_SAFE_SOURCES = frozenset({"fashion_mnist", "cifar10", "image_folder"})
+# Classification sources whose labels survive a horizontal mirror (clothes, objects); digits do not. A user's image
+# folder is mirrored only when its images are photos (trainlab.data.folders.image_kind).
+MIRROR_SAFE_SOURCES = frozenset({"fashion_mnist", "cifar10"})
 
 
 @dataclass
@@ -52,6 +52,8 @@ class ImageSplits:
     description: str
     policy: ImagePolicy | None = None  # how raw files become stored images; None: stored as the source gives them
     folder: FolderReport | None = None
+    size_why: str = ""  # why the policy's size (image_size auto)
+    kind: tuple[str, str] | None = None  # an image folder's ("photo" | "fixed", why): trainlab.data.folders.image_kind
 
 
 @dataclass
@@ -66,6 +68,7 @@ class MaskSplits:
     extra: dict[str, dict[str, float]] = field(default_factory=dict)
     policy: ImagePolicy | None = None
     folder: FolderReport | None = None
+    size_why: str = ""
 
 
 def embedded_digit_splits(labels: np.ndarray, data: DataParams, seed: int) -> dict[str, np.ndarray]:
@@ -101,8 +104,8 @@ def image_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> ImageSpli
     index = folders.index_image_folder(root)
     all_files = [path for files in index.files.values() for path in files]
     probes = folders.probe_files(all_files, bad)
-    policy = folders.choose_policy(list(probes.values()), data.classification.image_size, "classification",
-                                   f"{root} (data.classification.root)")
+    policy, size_why = folders.choose_policy(list(probes.values()), data.classification.image_size,
+                                             "classification", f"{root} (data.classification.root)")
     given = {split: (np.array([p for p in files if p in probes], dtype=object),
                      index.labels[split][[p in probes for p in files]]) for split, files in index.files.items()}
     files, labels = split_given(given, data, seed, index.class_names, str(root))
@@ -110,7 +113,7 @@ def image_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> ImageSpli
         require_every_class(labels[split], index.class_names, f"{root} ({split} split, readable files)")
     report = FolderReport(index.layout, len(all_files), index.skipped.hidden, index.skipped.not_images)
     return ImageSplits({s: list(files[s]) for s in SPLITS}, labels, index.class_names,
-                       f"image_folder: {root}", policy, report)
+                       f"image_folder: {root}", policy, report, size_why, folders.image_kind(list(probes.values())))
 
 
 def split_given(given: dict[str, tuple[np.ndarray, np.ndarray]], data: DataParams, seed: int,
@@ -183,13 +186,13 @@ def paired_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> MaskSpli
     index = folders.index_paired_folders(root, data.segmentation.num_classes)
     probes = folders.probe_files([image for image, _ in index.pairs], bad)
     pairs = [pair for pair in index.pairs if pair[0] in probes]
-    policy = folders.choose_policy(list(probes.values()), data.segmentation.image_size, "segmentation",
-                                   f"{root} (data.segmentation.root)")
+    policy, size_why = folders.choose_policy(list(probes.values()), data.segmentation.image_size, "segmentation",
+                                             f"{root} (data.segmentation.root)")
     parts = train_val_test_split(np.zeros(len(pairs), np.int64), data.val_fraction, data.test_fraction, seed,
                                  "segmentation", ["all images"], what=str(root))
     report = FolderReport("images/ and masks/", len(index.pairs), index.skipped.hidden, index.skipped.not_images)
     return MaskSplits({s: [pairs[i] for i in parts[s]] for s in SPLITS}, None, index.class_names,
-                      f"paired_folders: {root}", policy=policy, folder=report)
+                      f"paired_folders: {root}", policy=policy, folder=report, size_why=size_why)
 
 
 def require_mask_classes(counts: np.ndarray, class_names: list[str], root: Path) -> None:

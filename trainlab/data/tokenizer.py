@@ -8,6 +8,9 @@ texts, most frequent first, ties broken alphabetically, up to ``vocab_size`` ent
 Encoding: [CLS] first, then the token ids, cut to ``max_length``, padded with [PAD]. A token outside the
 vocabulary becomes [UNK], or with ``oov_buckets`` > 0 the id ``len(vocab) + crc32(token) % oov_buckets`` (stable
 across processes and machines), so rare words still carry a feature of their own most of the time.
+``max_length`` auto: the 99th percentile of the training texts' lengths in tokens ([CLS] included), rounded up to a
+multiple of 8, at most 512 (`auto_max_length`), so that long documents are read (nearly) whole and short texts
+carry little padding.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ MENTION_RE = re.compile(r"@\w+")
 HASHTAG_RE = re.compile(r"#(\w+)")
 TOKEN_RE = re.compile(r"<url>|<user>|<hashtag>|\w+(?:'\w+)*|[^\w\s]")
 
+# max_length auto: the training texts' length (tokens, [CLS] included) at this percentile, rounded up to a multiple of
+# AUTO_LENGTH_STEP, at most AUTO_LENGTH_CAP: the prepared tokens (N x max_length int64), a bag's step (its features
+# per text grow with the length) and a Transformer's attention (with its square) stay bounded on long documents
+AUTO_LENGTH_PERCENTILE = 99
+AUTO_LENGTH_STEP = 8
+AUTO_LENGTH_CAP = 512
+
 
 def normalize(text: str, lowercase: bool = True) -> str:
     """Lowercase (optionally) and replace URLs, mentions and hashtags by placeholder tokens."""
@@ -48,6 +58,23 @@ def split_tokens(text: str, lowercase: bool = True) -> list[str]:
     return TOKEN_RE.findall(normalize(text, lowercase))
 
 
+def auto_max_length(lengths: Sequence[int] | np.ndarray) -> tuple[int, str]:
+    """max_length auto for texts of these lengths in tokens ([CLS] included): the AUTO_LENGTH_PERCENTILE-th
+    percentile rounded up to a multiple of AUTO_LENGTH_STEP, at most AUTO_LENGTH_CAP; with why, in one line."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        raise ValueError("max_length auto needs at least one training text")
+    at = int(np.percentile(lengths, AUTO_LENGTH_PERCENTILE, method="higher"))
+    value = min(AUTO_LENGTH_CAP, -(-at // AUTO_LENGTH_STEP) * AUTO_LENGTH_STEP)
+    cut = float((lengths > value).mean())
+    capped = f", above the cap of {AUTO_LENGTH_CAP}" if value < at else \
+        f", rounded up to a multiple of {AUTO_LENGTH_STEP}"
+    why = (f"{AUTO_LENGTH_PERCENTILE}% of the {lengths.size:,} training texts have at most {at:,} tokens ([CLS] "
+           f"included; median {int(np.median(lengths)):,}, longest {int(lengths.max()):,}){capped}; "
+           f"{100 * cut:.1f}% of them are cut")
+    return value, why
+
+
 class Tokenizer:
     """Maps texts to fixed-length id sequences with a frozen vocabulary."""
 
@@ -56,18 +83,32 @@ class Tokenizer:
             raise ValueError(f"the vocabulary must start with {SPECIAL_TOKENS}")
         if oov_buckets < 0:
             raise ValueError(f"oov_buckets must be >= 0, got {oov_buckets}")
+        if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
+            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
         self.vocab = list(vocab)
         self.max_length, self.lowercase, self.oov_buckets = max_length, lowercase, oov_buckets
         self.ids = {token: i for i, token in enumerate(self.vocab)}
+        self.max_length_why: str | None = None  # set by fit when max_length was auto: what it resolved to and why
 
     @classmethod
-    def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int, lowercase: bool = True,
-            oov_buckets: int = 0) -> Tokenizer:
-        """Build the vocabulary from (training) texts only."""
-        counts = Counter(token for text in texts for token in split_tokens(text, lowercase))
+    def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int | str,
+            lowercase: bool = True, oov_buckets: int = 0) -> Tokenizer:
+        """Build the vocabulary from (training) texts only; max_length "auto" is resolved from their lengths
+        (`auto_max_length`; why in ``max_length_why``)."""
+        counts: Counter[str] = Counter()
+        lengths = []
+        for text in texts:
+            tokens = split_tokens(text, lowercase)
+            counts.update(tokens)
+            lengths.append(len(tokens) + 1)  # [CLS] included, as encode_with_lengths counts
+        why = None
+        if max_length == "auto":
+            max_length, why = auto_max_length(lengths)
         frequent = sorted((t for t, c in counts.items() if c >= min_frequency), key=lambda t: (-counts[t], t))
-        return cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length, lowercase,
-                   oov_buckets)
+        tokenizer = cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length, lowercase,
+                        oov_buckets)
+        tokenizer.max_length_why = why
+        return tokenizer
 
     @property
     def vocab_size(self) -> int:

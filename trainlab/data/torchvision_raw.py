@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torchvision
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from trainlab.core.errors import DataError
 
@@ -45,13 +46,26 @@ def expected_files(source: str, root: Path) -> list[Path]:
     return [folder / name for pair in MNIST_FILES.values() for name in pair]
 
 
+def gzipped(path: Path) -> Path:
+    """The official distribution's name for an idx file: the same name with .gz."""
+    return path.with_name(path.name + ".gz")
+
+
+def present(source: str, path: Path) -> Path | None:
+    """The file to read for an expected raw file: itself, or (MNIST-like idx files) its .gz beside it; None if neither."""
+    if path.is_file():
+        return path
+    if source in MNIST_LIKE and gzipped(path).is_file():
+        return gzipped(path)
+    return None
+
+
 def require_raw_files(source: str, root: Path) -> None:
-    """Every raw file must be present; the error names the first missing one and how to get it."""
+    """Every raw file must be present; the error names the first missing one (and its .gz name) and how to get it."""
     for path in expected_files(source, root):
-        if not path.is_file():
-            gz = path.with_name(path.name + ".gz")
-            hint = f" (found {gz.name}: decompress it with gunzip)" if gz.is_file() else ""
-            raise DataError(f"{path}: raw {source} file missing{hint}. Put the dataset's raw files there, or run "
+        if present(source, path) is None:
+            names = f"{path} (or {gzipped(path).name})" if source in MNIST_LIKE else str(path)
+            raise DataError(f"{names}: raw {source} file missing. Put the dataset's raw files there, or run "
                             "`python -m stages.prepare ... --download` once while online, then `dvc add` the folder")
 
 
@@ -69,7 +83,7 @@ def download(source: str, root: Path) -> None:
 def load_official_splits(source: str, root: str | Path, allow_download: bool = False) -> OfficialSplits:
     """Load MNIST / FashionMNIST / CIFAR10 from ``root``; missing files are errors unless a download is allowed."""
     root = Path(root)
-    if allow_download and not all(p.is_file() for p in expected_files(source, root)):
+    if allow_download and not all(present(source, p) for p in expected_files(source, root)):
         download(source, root)
     require_raw_files(source, root)
     if source == "cifar10":
@@ -78,19 +92,47 @@ def load_official_splits(source: str, root: str | Path, allow_download: bool = F
 
 
 def read_idx_pair(folder: Path, image_name: str, label_name: str) -> tuple[np.ndarray, np.ndarray]:
-    """One images/labels pair of idx files as (N, 1, 28, 28) uint8 and (N,) int64."""
-    images = read_idx(folder / image_name, read_image_file)
-    labels = read_idx(folder / label_name, read_label_file)
+    """One images/labels pair of idx files (plain or .gz) as (N, 1, H, W) uint8 and (N,) int64."""
+    image_path = present("mnist", folder / image_name) or folder / image_name
+    label_path = present("mnist", folder / label_name) or folder / label_name
+    images = read_idx(image_path, ndim=3)
+    labels = read_idx(label_path, ndim=1)
     if len(images) != len(labels):
-        raise DataError(f"{folder / label_name}: {len(labels)} labels for {len(images)} images in {image_name}")
+        raise DataError(f"{label_path}: {len(labels)} labels for {len(images)} images in {image_path.name}")
     return images[:, None], labels.astype(np.int64)
 
 
-def read_idx(path: Path, reader) -> np.ndarray:
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """A uint8 idx file of ``ndim`` dimensions; a name ending in .gz is decompressed in memory."""
     try:
-        return reader(str(path)).numpy()
-    except (AssertionError, ValueError, RuntimeError, KeyError, IndexError, OSError) as exc:
-        raise DataError(f"{path}: corrupt idx file ({type(exc).__name__}: {exc or 'bad header'})") from None
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        what = "corrupt gzip file" if path.suffix == ".gz" else "unreadable idx file"
+        raise DataError(f"{path}: {what} ({type(exc).__name__}: {exc})") from None
+    try:
+        return parse_idx(raw, ndim)
+    except ValueError as exc:
+        raise DataError(f"{path}: corrupt idx file ({exc})") from None
+
+
+def parse_idx(raw: bytes, ndim: int) -> np.ndarray:
+    """The idx format (LeCun's MNIST files): 0, 0, type 0x08 (uint8), ndim, ndim big-endian int32 sizes, the data."""
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ValueError("bad header: not an idx file")
+    if raw[2] != 0x08:
+        raise ValueError(f"data type 0x{raw[2]:02x}, expected 0x08 (uint8)")
+    if raw[3] != ndim:
+        raise ValueError(f"{raw[3]} dimensions, expected {ndim}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError("truncated header")
+    shape = tuple(int(n) for n in np.frombuffer(raw, ">i4", count=ndim, offset=4))
+    size = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - header != size:
+        raise ValueError(f"{len(raw) - header} bytes of data for shape {shape} ({size} expected)")
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape).copy()
 
 
 def load_mnist_like(source: str, root: Path) -> OfficialSplits:

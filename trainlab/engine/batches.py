@@ -31,9 +31,10 @@ class DeviceBatches:
     within it can be reproduced without replaying earlier ones (that is what makes mid-epoch resume exact)."""
 
     def __init__(self, tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool,
-                 drop_last: bool, rank: int = 0, world_size: int = 1):
+                 drop_last: bool, rank: int = 0, world_size: int = 1, repeats: int = 1):
         self.tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-        self.n = num_samples(tensors)
+        self.samples, self.repeats = num_samples(tensors), repeats
+        self.n = self.samples * repeats  # an epoch draws each sample `repeats` times (crops of large images)
         self.batch_size, self.device, self.seed = batch_size, device, seed
         self.shuffle, self.rank, self.world_size = shuffle, rank, world_size
         per_rank = self.n // world_size if world_size > 1 else self.n
@@ -46,10 +47,7 @@ class DeviceBatches:
         return -(-self.per_rank // self.batch_size)
 
     def order(self, epoch: int) -> torch.Tensor:
-        if self.shuffle:
-            idx = torch.randperm(self.n, generator=generator(self.seed, "shuffle", epoch))
-        else:
-            idx = torch.arange(self.n)
+        idx = epoch_order(self.n, self.samples, self.shuffle, self.seed, epoch)
         if self.world_size > 1:
             # Every rank sees the same permutation and takes its own interleaved slice of it.
             idx = idx[: self.per_rank * self.world_size][self.rank :: self.world_size]
@@ -106,9 +104,10 @@ class LoaderBatches:
     the task's batch transform: so the batches, and the training, do not depend on the number of workers."""
 
     def __init__(self, tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool,
-                 drop_last: bool, num_workers: int = 2, rank: int = 0, world_size: int = 1):
+                 drop_last: bool, num_workers: int = 2, rank: int = 0, world_size: int = 1, repeats: int = 1):
         self.dataset = _BatchDataset(tensors)
-        self.n = len(self.dataset)
+        self.samples = len(self.dataset)
+        self.n = self.samples * repeats
         self.batch_size, self.device, self.seed, self.shuffle = batch_size, device, seed, shuffle
         self.drop_last = drop_last and self.n // world_size >= batch_size
         self.num_workers, self.rank, self.world_size = num_workers, rank, world_size
@@ -123,10 +122,7 @@ class LoaderBatches:
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
     def order(self, epoch: int) -> torch.Tensor:
-        if self.shuffle:
-            idx = torch.randperm(self.n, generator=generator(self.seed, "shuffle", epoch))
-        else:
-            idx = torch.arange(self.n)
+        idx = epoch_order(self.n, self.samples, self.shuffle, self.seed, epoch)
         if self.world_size > 1:
             idx = idx[: (self.n // self.world_size) * self.world_size][self.rank :: self.world_size]
         return idx
@@ -139,10 +135,18 @@ class LoaderBatches:
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
+def epoch_order(n: int, samples: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """The sample indices of one epoch of `n` draws from `samples` samples (n a multiple of it): a seeded
+    permutation of the draws, each draw's sample its index modulo `samples`."""
+    idx = torch.randperm(n, generator=generator(seed, "shuffle", epoch)) if shuffle else torch.arange(n)
+    return idx % samples if n != samples else idx
+
+
 def make_batches(tensors: Batch, batch_size: int, device: torch.device, seed: int, shuffle: bool, drop_last: bool,
-                 max_device_mb: int, num_workers: int = 2, rank: int = 0, world_size: int = 1):
+                 max_device_mb: int, num_workers: int = 2, rank: int = 0, world_size: int = 1, repeats: int = 1):
     """Device-resident batches when the data is in memory and fits in `max_device_mb`, else a DataLoader (data on
-    disk is always read through one)."""
+    disk is always read through one). `repeats`: each sample is drawn that many times an epoch."""
     if not on_disk(tensors) and tensors_nbytes(tensors) <= max_device_mb * 2**20:
-        return DeviceBatches(tensors, batch_size, device, seed, shuffle, drop_last, rank, world_size)
-    return LoaderBatches(tensors, batch_size, device, seed, shuffle, drop_last, num_workers, rank, world_size)
+        return DeviceBatches(tensors, batch_size, device, seed, shuffle, drop_last, rank, world_size, repeats)
+    return LoaderBatches(tensors, batch_size, device, seed, shuffle, drop_last, num_workers, rank, world_size,
+                         repeats)

@@ -179,7 +179,7 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
     model, forward = place_model(trainable, runtime, options.sync_batchnorm)
     batches = make_batches(train, cfg.batch_size // ctx.world_size, runtime.device, seed, shuffle=True,
                            drop_last=True, max_device_mb=options.max_device_mb, num_workers=options.num_workers,
-                           rank=ctx.rank, world_size=ctx.world_size)
+                           rank=ctx.rank, world_size=ctx.world_size, repeats=cfg.epoch_repeats)
     plan = EpochPlan.of(cfg, len(batches))
     graphs, why_not = graphs_plan(options.cuda_graphs, runtime, cfg, distributed=ctx.enabled)
     if why_not and ctx.is_main:

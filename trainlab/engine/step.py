@@ -67,7 +67,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type) if runtime.needs_grad_scaler else None
         self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
         self.seed = seed
-        self.augment = generator(seed, "augment", device=device) if cfg.augment else None
+        self.augment = generator(seed, "augment", device=device) if cfg.augments else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_sum = torch.zeros((), device=device)
         self.seen = torch.zeros((), dtype=torch.long, device=device)

@@ -57,13 +57,32 @@ def folder_log(report: sources.FolderReport | None, bad: BadFiles, policy: Image
     return f"; {report.summary()}{skipped_bad}{resize}"
 
 
-def hflip_allowed(params: Params) -> bool:
-    """Whether a mirror keeps the label (augmentation and TTA): data.classification.hflip, whose auto is true for
-    photos (image folders, fashion_mnist, cifar10) and false for digits."""
+def classification_choices(params: Params, data: sources.ImageSplits) -> dict[str, dict[str, Any]]:
+    """What the images are, decided once here and recorded in meta.json: the augmentation that keeps their labels
+    (classifier.augment auto: photo or shift), whether a mirror keeps the label (data.classification.hflip), and the
+    stored size (image_size auto, for an image folder). Each as {"value", "why"}."""
     cfg = params.data.classification
+    if data.kind is not None:
+        kind, why = data.kind
+    elif cfg.source in sources.MIRROR_SAFE_SOURCES:
+        kind, why = "fixed", f"{cfg.source}: small images of one size, whose classes a mirror keeps"
+    else:
+        kind, why = "fixed", f"{cfg.source}: digits (a mirror or a heavy crop can change the class)"
+    mirror = kind == "photo" or cfg.source in sources.MIRROR_SAFE_SOURCES
+    choices = {"augment": {"value": "photo" if kind == "photo" else "shift", "why": why}}
     if cfg.hflip == "auto":
-        return cfg.source in sources.MIRROR_SAFE_SOURCES
-    return cfg.hflip
+        choices["hflip"] = {"value": mirror, "why": why}
+    if data.policy is not None and cfg.image_size == "auto":
+        choices["image_size"] = {"value": size_value(data.policy), "why": data.size_why}
+    return choices
+
+
+def size_value(policy: ImagePolicy) -> int | str:
+    return policy.height if policy.height == policy.width else f"{policy.height}x{policy.width}"
+
+
+def choices_text(choices: dict[str, dict[str, Any]]) -> str:
+    return "; ".join(f"{key} auto -> {c['value']} ({c['why']})" for key, c in choices.items())
 
 
 def prepare_classification(params: Params, folder: Path, allow_download: bool, log: Log,
@@ -85,15 +104,16 @@ def prepare_classification(params: Params, folder: Path, allow_download: bool, l
         require_written(labels[split], data.class_names, folder, split, data.description)
     size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: len(labels[s]) for s in sources.SPLITS})
-    hflip = hflip_allowed(params)
-    augment = "photo" if params.data.classification.source == "image_folder" else "shift"
+    choices = classification_choices(params, data)
+    hflip = choices["hflip"]["value"] if "hflip" in choices else params.data.classification.hflip
     save_image_preprocessing(folder, "classifier", data.policy or stored_policy(size), data.class_names)
     save_meta(folder, {"task": "classification", "source": data.description, "num_classes": len(data.class_names),
                        "class_names": data.class_names, **size, "counts": counts, "hflip": hflip,
-                       "augment": augment})
+                       "augment": choices["augment"]["value"], "auto": choices})
     log(f"classification ({data.description}): {split_counts_text(counts)}; "
         f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}"
         + folder_log(data.folder, bad, data.policy))
+    log(f"classification: {choices_text(choices)}")
     return {"num_classes": len(data.class_names), **size, "samples": counts,
             "per_class": {s: stats.class_counts(labels[s], data.class_names) for s in sources.SPLITS},
             **folder_stats(data.folder, data.policy, bad)}
@@ -128,13 +148,17 @@ def prepare_segmentation(params: Params, folder: Path, log: Log, workers: int | 
     size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
     counts = stats.sample_counts({s: written[s].count for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
+    seg_choices = ({"image_size": {"value": size_value(data.policy), "why": data.size_why}}
+                   if data.policy is not None and seg.image_size == "auto" else {})
     save_image_preprocessing(folder, "segmenter", data.policy or stored_policy(size), data.class_names)
     save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": num_classes,
                        "class_names": data.class_names, **size, "counts": counts, "hflip": False,
-                       "symmetries": symmetries})
+                       "symmetries": symmetries, "auto": seg_choices})
     log(f"segmentation ({data.description}): {split_counts_text(counts)}; "
         f"{num_classes} classes, {size['channels']}x{size['height']}x{size['width']}; symmetries {symmetries}"
         + folder_log(data.folder, bad, data.policy))
+    if seg_choices:
+        log(f"segmentation: {choices_text(seg_choices)}")
     return {"num_classes": num_classes, **size, "samples": counts, **data.extra,
             "pixel_fraction": {s: stats.pixel_fractions_from_counts(written[s].pixel_counts, data.class_names)
                                for s in sources.SPLITS},
@@ -152,7 +176,9 @@ def segmentation_symmetries(params: Params) -> str:
 
 
 def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
-    """Write text/{split}.safetensors (tokens, labels), {split}.jsonl (cleaned text), tokenizer.json and meta.json."""
+    """Write text/{split}.safetensors (tokens, labels), {split}.jsonl (cleaned text), tokenizer.json and meta.json;
+    data.text.max_length auto is resolved here from the training split's lengths, printed and recorded (meta.json
+    "auto"), and every later reader takes the resolved value from meta.json, preprocessing.json or tokenizer.json."""
     cfg = params.data.text
     labeled = sources.text_source(params.data)
     parts = sources.text_splits(labeled, params.data, params.base.seed)
@@ -160,10 +186,13 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     split_labels = {s: labeled.labels[parts[s]] for s in sources.SPLITS}
     tokenizer = Tokenizer.fit(split_texts["train"], cfg.vocab_size, cfg.min_frequency, cfg.max_length, cfg.lowercase,
                               cfg.oov_buckets)
+    max_length = tokenizer.max_length  # data.text.max_length, or what its auto resolved to
+    choices = ({"max_length": {"value": max_length, "why": tokenizer.max_length_why}}
+               if tokenizer.max_length_why else {})
     tokenizer.save(folder / TOKENIZER_FILE)
     save_preprocessing(folder, {"task": "text", "class_names": labeled.class_names,
                                 "text": {"cleaning": "whitespace", "tokenizer": TOKENIZER_FILE,
-                                         "max_length": cfg.max_length, "lowercase": cfg.lowercase}})
+                                         "max_length": max_length, "lowercase": cfg.lowercase}})
     lengths = {}
     for split in sources.SPLITS:
         tokens, lengths[split] = tokenizer.encode_with_lengths(split_texts[split])
@@ -174,18 +203,21 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     description = sources.text_description(labeled, params.data)
     save_meta(folder, {"task": "text", "source": description, "num_classes": len(labeled.class_names),
                        "class_names": labeled.class_names, "vocab_size": tokenizer.vocab_size,
-                       "max_length": cfg.max_length, "pad_id": PAD_ID, "unk_id": UNK_ID, "cls_id": CLS_ID,
+                       "max_length": max_length, "pad_id": PAD_ID, "unk_id": UNK_ID, "cls_id": CLS_ID,
                        "lowercase": cfg.lowercase, "oov_buckets": cfg.oov_buckets,
                        "counts": counts, "raw_rows": labeled.raw_rows,
-                       "dropped_duplicates": labeled.dropped_duplicates})
+                       "dropped_duplicates": labeled.dropped_duplicates, "auto": choices})
     log(f"text ({description}): {labeled.raw_rows:,} rows, {labeled.dropped_duplicates:,} duplicates dropped -> "
         f"{split_counts_text(counts)}; vocabulary {len(tokenizer.vocab):,}"
         + (f" + {cfg.oov_buckets:,} hash buckets for other words" if cfg.oov_buckets else ""))
+    for key, choice in choices.items():
+        log(f"text: {key} auto -> {choice['value']} ({choice['why']})")
     return {"num_classes": len(labeled.class_names), "raw_rows": labeled.raw_rows,
             "dropped_duplicates": labeled.dropped_duplicates, "samples": counts,
             "per_class": {s: stats.class_counts(split_labels[s], labeled.class_names) for s in sources.SPLITS},
-            "vocab_size": tokenizer.vocab_size, "max_length": cfg.max_length,
-            "token_length": {s: stats.token_lengths(lengths[s], cfg.max_length) for s in sources.SPLITS}}
+            "vocab_size": tokenizer.vocab_size, "max_length": max_length,
+            **({"auto": choices} if choices else {}),
+            "token_length": {s: stats.token_lengths(lengths[s], max_length) for s in sources.SPLITS}}
 
 
 def prepare_all(params: Params, out_dir: str | Path, allow_download: bool = False, log: Log = print,

@@ -132,6 +132,7 @@ class TrainingJob:
     reports_dir: Path
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's own stage options (TaskCode)
     extras: TrainingExtras | None = None  # TaskCode.training_extras, read with the prepared data (before training)
+    auto: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # what each auto became, and why
 
     @property
     def cfg(self) -> TrainParams:
@@ -163,6 +164,9 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     start = time.perf_counter()
     job = TrainingJob(name, params, Path(data_dir), Path(model_dir), Path(reports_dir), options)
     meta, splits = load_prepared(job)
+    given = params
+    job = resolved(job, meta, len(next(iter(splits["train"].values()))))
+    params = job.params
     # before training: a missing or bad text baseline fails here, not after the training
     job = dataclasses.replace(job, extras=get(name).load().training_extras(params, job.data_dir, meta, job.options))
     runtime = runtime or resolve_runtime(params.base)
@@ -176,7 +180,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     # tracking thread starts importing MLflow, so that the two imports do not take turns on the GIL. (Not `import
     # torch._dynamo`: that would make `torch` a local name of this whole function.)
     importlib.import_module("torch._dynamo")
-    run_key = fingerprint(params, name, job.data_dir)
+    run_key = fingerprint(given, name, job.data_dir)  # the params as written (what auto resolves to follows from them)
     if params.tracking.enabled and not ctx.enabled:
         restored = _complete_spooled_run(name, run_key, job.model_dir, job.reports_dir, start)
         if restored is not None:
@@ -197,6 +201,17 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     return TrainOutcome(test=trained.test, fit=trained.fit, run_id=run_id, seconds=trained.seconds)
 
 
+def resolved(job: TrainingJob, meta: dict, train_count: int) -> TrainingJob:
+    """The job with its params section's auto values and budget resolved for the prepared data, printed with why."""
+    from trainlab.tasks.resolve import choices_line, resolve_training
+
+    cfg, choices = resolve_training(job.name, job.cfg, meta, train_count)
+    if choices and distributed.context().is_main:
+        print(f"{job.name}: {choices_line(job.name, choices)}", flush=True)
+    params = job.params.model_copy(update={get(job.name).params_section: cfg})
+    return dataclasses.replace(job, params=params, auto=choices)
+
+
 def load_prepared(job: TrainingJob) -> tuple[dict, dict[str, Any]]:
     """meta.json and the three splits, checked: each in memory up to base.data_on_device_max_mb, else streamed from
     disk a batch at a time."""
@@ -207,7 +222,7 @@ def load_prepared(job: TrainingJob) -> tuple[dict, dict[str, Any]]:
     meta = load_meta(job.data_dir)
     max_mb = job.params.base.data_on_device_max_mb
     splits = {s: open_split(job.data_dir, s, max_mb, spec.load().streamable) for s in ("train", "val", "test")}
-    check_prepared(spec, job.data_dir, meta, splits, job.cfg.batch_size)
+    check_prepared(spec, job.data_dir, meta, splits)
     return meta, splits
 
 
@@ -231,7 +246,9 @@ def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Tr
         # next log call raises and torchrun stops them all.
         stop = tracker.failed if not ctx.enabled else None
         tracker.log_params({"base": params.base.model_dump(), job.name: cfg.model_dump(), "data_source":
-                            meta.get("source", "unknown"), "world_size": ctx.world_size})
+                            meta.get("source", "unknown"), "world_size": ctx.world_size,
+                            "auto": {**{f"data.{k}": c["value"] for k, c in meta.get("auto", {}).items()},
+                                     **{f"{job.name}.{k}": c["value"] for k, c in job.auto.items()}}})
         tracker.set_tags({**runtime.describe(), "task": job.name})
         options = FitOptions.from_base(params.base, eval_batch_size=2 * cfg.batch_size,
                                        checkpoint_path=job.checkpoint, fingerprint=run_key)
@@ -295,7 +312,8 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
     files = dict(extras.files)
     if (job.data_dir / PREPROCESSING_FILE).is_file():  # how raw inputs become model inputs: predict and MLflow read it
         files[PREPROCESSING_FILE] = job.data_dir / PREPROCESSING_FILE
-    info = {"task": name, "meta": meta, "test": trained.test, "runtime": trained.runtime.describe(), **counts,
+    info = {"task": name, "meta": meta, "auto": job.auto, "test": trained.test, "runtime": trained.runtime.describe(),
+            **counts,
             "epochs": len(result.history), **({"chosen": trained.chosen} if trained.chosen else {})}
     save_model(result.model, job.model_dir, files, {"info.json": info, **extras.json})
     weights_md5 = model_md5(job.model_dir)

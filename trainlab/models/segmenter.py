@@ -101,14 +101,16 @@ def window_starts(size: int, tile: int, stride: int) -> list[int]:
 
 
 def build_segmenter(p: SegmenterParams, num_classes: int, in_channels: int) -> nn.Module:
-    """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images."""
+    """A U-Net giving (N, num_classes, H, W) logits for (N, in_channels, H, W) images (an inference_tile still
+    "auto", which the task resolves by the data's image size before building, predicts whole images)."""
+    tile = p.inference_tile if isinstance(p.inference_tile, int) else None
     model = UNet(num_classes, in_channels, p.base_channels, p.depth, p.depthwise_separable, p.activation_checkpointing,
-                 p.inference_tile, p.full_res_convs, p.skip_merge)
+                 tile, p.full_res_convs, p.skip_merge)
     init_weights(model, p.init)
     model.config = {
         "task": "segmenter", "arch": "unet", "base_channels": p.base_channels, "depth": p.depth,
         "depthwise_separable": p.depthwise_separable, "full_res_convs": p.full_res_convs,
         "skip_merge": p.skip_merge, "num_classes": num_classes,
-        "in_channels": in_channels, "inference_tile": p.inference_tile,
+        "in_channels": in_channels, "inference_tile": tile,
     }
     return model

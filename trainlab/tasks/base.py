@@ -63,10 +63,16 @@ class TaskCode:
                    data_dir: Path | None = None) -> Trainable:
         """The Trainable around a new model; with `train` (the training split) and the prepared folder it came from, the
         model's data statistics are set from them (`fit_statistics`)."""
+        cfg, _ = self.resolve_auto(cfg, meta)
         model = self.build_model(cfg, meta)
         if train is not None:
             self.fit_statistics(model, train, data_dir)
         return self.make_trainable(model, meta, cfg)
+
+    def resolve_auto(self, cfg: TrainParams, meta: dict) -> tuple[TrainParams, dict[str, dict[str, Any]]]:
+        """`cfg` with the task's `auto` values made concrete for the prepared data (meta.json), and for each the value
+        and why (trainlab.tasks.resolve); none here."""
+        return cfg, {}
 
     def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
         """Set what a model computes from the training split (and the files prepared with it, such as a
@@ -132,11 +138,10 @@ class TaskCode:
         return evaluate_labels(inputs, runtime, params)[0]
 
 
-def check_prepared(spec: TaskSpec, data_dir: Path, meta: dict, splits: dict[str, dict[str, torch.Tensor]],
-                   batch_size: int | None = None) -> None:
+def check_prepared(spec: TaskSpec, data_dir: Path, meta: dict, splits: dict[str, dict[str, torch.Tensor]]) -> None:
     """The prepared data fits the task: meta.json keys, every split's tensors present, non-empty, of one length,
-    shaped and typed as meta.json says, targets inside the classes, and (training) at least one batch; a DataError
-    naming the file otherwise."""
+    shaped and typed as meta.json says, targets inside the classes; a DataError naming the file otherwise. (A batch
+    size larger than the training split is no error: training resolves it, trainlab.tasks.resolve.)"""
     from trainlab.data.prepared import split_path
 
     name, code = spec.name, spec.load()
@@ -163,8 +168,3 @@ def check_prepared(spec: TaskSpec, data_dir: Path, meta: dict, splits: dict[str,
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= n:
             raise DataError(f"{path}: {target_key} {low}..{high} outside the {n} classes of {meta_file}")
-    if batch_size is not None and splits["train"][inputs_key].shape[0] < batch_size:
-        count = splits["train"][inputs_key].shape[0]
-        raise DataError(f"{split_path(data_dir, 'train')}: {count} training samples, fewer than {name}.batch_size "
-                        f"({batch_size}): the largest batch size that works is {count} (set {name}.batch_size to it "
-                        "or lower), or add data")

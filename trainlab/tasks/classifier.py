@@ -85,13 +85,22 @@ class ClassifierCode(TaskCode):
     builder = staticmethod(build_classifier)
     pictures = {"misclassified": "misclassified.png", "feature_maps": "feature_maps.png"}
 
+    def resolve_auto(self, cfg: ClassifierParams, meta: dict) -> tuple[ClassifierParams, dict]:
+        """augment auto: what prepare found the images to be (meta.json "augment": photo or shift, and why)."""
+        if cfg.augment != "auto":
+            return cfg, {}
+        kind = meta.get("augment", "shift")
+        why = meta.get("auto", {}).get("augment", {}).get("why", "prepared data without a record: shifts only")
+        return cfg.model_copy(update={"augment": kind}), {"augment": {"value": kind, "why": why}}
+
     def make_trainable(self, model: nn.Module, meta: dict, cfg: ClassifierParams | None = None) -> Trainable:
         if cfg is None:
             return classification_trainable(model, meta["num_classes"])
+        cfg, _ = self.resolve_auto(cfg, meta)
         head = model.head if cfg.head_lr is not None else None
-        return classification_trainable(model, meta["num_classes"], cfg.label_smoothing, cfg.augment,
+        return classification_trainable(model, meta["num_classes"], cfg.label_smoothing, cfg.augments,
                                    hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr,
-                                   photo=meta.get("augment") == "photo")
+                                   photo=cfg.augment == "photo")
 
     def evaluate(self, inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskReport:
         from trainlab.tasks.scoring import FEW_EXAMPLES, evaluate_labels

@@ -83,9 +83,16 @@ class SegmenterCode(TaskCode):
     confusion = False
     dense = True
 
+    def resolve_auto(self, cfg: SegmenterParams, meta: dict) -> tuple[SegmenterParams, dict]:
+        """crop_size, crops_per_image and inference_tile auto, by the stored images' size (trainlab.tasks.resolve)."""
+        from trainlab.tasks.resolve import segmentation_autos
+
+        return segmentation_autos(cfg, meta.get("height", 0), meta.get("width", 0))  # 0: no record, whole images
+
     def make_trainable(self, model: nn.Module, meta: dict, cfg: SegmenterParams | None = None) -> Trainable:
         if cfg is None:
             return segmentation_trainable(model, meta["num_classes"])
+        cfg, _ = self.resolve_auto(cfg, meta)
         return segmentation_trainable(model, meta["num_classes"], cfg.dice_weight, cfg.augment, cfg.label_smoothing,
                                  cfg.crop_size, meta.get("symmetries", "none"), meta.get("class_names"))
 

@@ -1,0 +1,78 @@
+"""Training's auto values and budget resolved against the prepared data: batch sizes no larger than the data, steps
+that follow its size, segmentation crops at the images' own resolution, the classifier's augmentation kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams
+from trainlab.core.repro import generator
+from trainlab.engine.batches import make_batches
+from trainlab.tasks.resolve import AUTO_CROP, AUTO_TILE, resolve_training
+
+SEG_META = {"num_classes": 2, "channels": 3}
+
+
+def test_a_batch_larger_than_the_training_split_becomes_the_whole_split():
+    cfg, choices = resolve_training("text", TextParams(batch_size=128, epochs=3), {}, 40)
+    assert cfg.batch_size == 40 and choices["batch_size"]["value"] == 40 and "40 training samples" in \
+        choices["batch_size"]["why"]
+    cfg, choices = resolve_training("text", TextParams(batch_size=32), {}, 40)
+    assert cfg.batch_size == 32 and "batch_size" not in choices
+
+
+def test_min_steps_raises_the_epochs_of_small_data_only():
+    small, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 100)
+    assert small.epochs == 5 and "10 steps" in choices["epochs"]["why"]  # 10 steps an epoch
+    large, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 10_000)
+    assert large.epochs == 2 and not choices
+    accumulated, _ = resolve_training("text", TextParams(batch_size=10, epochs=1, min_steps=50,
+                                                         accumulation_steps=2), {}, 100)
+    assert accumulated.epochs == 10  # 5 optimizer steps an epoch
+
+
+def test_large_images_train_on_crops_at_their_own_resolution():
+    cfg, choices = resolve_training("segmenter", SegmenterParams(batch_size=32, epochs=6, min_steps=100),
+                                    {**SEG_META, "height": 584, "width": 565}, 28)
+    assert cfg.crop_size == AUTO_CROP and cfg.inference_tile is None
+    assert cfg.crops_per_image == round(584 * 565 / AUTO_CROP**2) == cfg.epoch_repeats
+    assert cfg.batch_size == 28 == choices["batch_size"]["value"]
+    assert cfg.epochs * (28 * cfg.crops_per_image // 28) >= 100
+    small, choices = resolve_training("segmenter", SegmenterParams(batch_size=32), {**SEG_META, "height": 48,
+                                                                                   "width": 48}, 3500)
+    assert small.crop_size is None and small.epoch_repeats == 1 and small.inference_tile is None
+    assert choices["crop_size"]["value"] is None
+    huge, choices = resolve_training("segmenter", SegmenterParams(), {**SEG_META, "height": 1500, "width": 2000}, 9)
+    assert huge.inference_tile == AUTO_TILE and "tiles" in choices["inference_tile"]["why"]
+    mine, choices = resolve_training("segmenter", SegmenterParams(crop_size=64, crops_per_image=2, inference_tile=None),
+                                     {**SEG_META, "height": 584, "width": 565}, 28)
+    assert (mine.crop_size, mine.crops_per_image, mine.inference_tile) == (64, 2, None)
+
+
+def test_the_classifier_augmentation_follows_what_prepare_found_the_images_to_be():
+    photos = {"num_classes": 2, "channels": 3, "augment": "photo",
+              "auto": {"augment": {"value": "photo", "why": "colour images of 758 sizes (photos)"}}}
+    cfg, choices = resolve_training("classifier", ClassifierParams(), photos, 1000)
+    assert cfg.augment == "photo" and choices["augment"]["why"].startswith("colour images")
+    cfg, _ = resolve_training("classifier", ClassifierParams(), {"num_classes": 10, "channels": 1}, 1000)
+    assert cfg.augment == "shift"  # data prepared before the record: never photo crops
+    cfg, choices = resolve_training("classifier", ClassifierParams(augment="none"), photos, 1000)
+    assert cfg.augment == "none" and not cfg.augments and "augment" not in choices
+
+
+def test_augment_takes_the_old_booleans():
+    assert ClassifierParams(augment=True).augment == "auto" and ClassifierParams(augment=False).augment == "none"
+    with pytest.raises(ValueError):
+        ClassifierParams(augment="mirror")
+
+
+def test_repeats_draw_every_sample_that_many_times_an_epoch_and_one_is_the_old_order():
+    data = {"x": torch.arange(10)}
+    once = make_batches(data, 4, torch.device("cpu"), 3, shuffle=True, drop_last=True, max_device_mb=64)
+    thrice = make_batches(data, 4, torch.device("cpu"), 3, shuffle=True, drop_last=True, max_device_mb=64, repeats=3)
+    assert len(once) == 2 and len(thrice) == 7
+    drawn = torch.cat([b["x"] for b in thrice.epoch(0)])
+    assert torch.bincount(drawn, minlength=10).max() <= 3 and len(drawn) == 28
+    old = torch.randperm(10, generator=generator(3, "shuffle", 0))[:8]  # the order before repeats existed
+    assert torch.equal(torch.cat([b["x"] for b in once.epoch(0)]), old)
