@@ -76,3 +76,13 @@ def test_repeats_draw_every_sample_that_many_times_an_epoch_and_one_is_the_old_o
     assert torch.bincount(drawn, minlength=10).max() <= 3 and len(drawn) == 28
     old = torch.randperm(10, generator=generator(3, "shuffle", 0))[:8]  # the order before repeats existed
     assert torch.equal(torch.cat([b["x"] for b in once.epoch(0)]), old)
+
+
+def test_evaluation_batches_of_large_images_stay_within_a_pixel_budget():
+    from trainlab.engine.batches import EVAL_MAX_PIXELS, eval_batch_size
+
+    small = {"images": torch.zeros(4, 1, 28, 28, dtype=torch.uint8), "labels": torch.zeros(4, dtype=torch.long)}
+    large = {"images": torch.zeros(4, 3, 584, 565, dtype=torch.uint8), "masks": torch.zeros(4, 584, 565)}
+    assert eval_batch_size(small, 512) == 512
+    assert eval_batch_size(large, 256) == EVAL_MAX_PIXELS // (584 * 565) < 256
+    assert eval_batch_size({"tokens": torch.zeros(4, 48, dtype=torch.long)}, 256) == 256

@@ -25,7 +25,7 @@ FLAT = "all"  # the one "split" of a folder without split folders
 # Segmentation keeps the images' own resolution (thin structures vanish when shrunk: training takes crops, inference
 # whole images or tiles); only images that differ in size, or exceed AUTO_SEGMENTATION_MAX a side, are stretched.
 AUTO_KEEP_MAX = 96
-AUTO_PHOTO_SIZE = 64
+AUTO_PHOTO_SIZE = 96
 AUTO_SEGMENTATION_MAX = 1024
 
 

@@ -135,6 +135,21 @@ class LoaderBatches:
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
+# Evaluation batches of images hold at most this many pixels (about 8 Mpx: 24 images of 584x565, 128 of 256x256),
+# so that whole large images (segmentation at its own resolution) cannot exhaust memory at an eval batch size chosen
+# for small ones; smaller images keep the batch size asked for.
+EVAL_MAX_PIXELS = 2**23
+
+
+def eval_batch_size(tensors: Batch, batch_size: int) -> int:
+    """`batch_size`, lowered for large images to keep a batch within EVAL_MAX_PIXELS."""
+    images = [t for t in tensors.values() if len(t.shape) == 4]
+    if not images:
+        return batch_size
+    pixels = images[0].shape[-2] * images[0].shape[-1]
+    return max(1, min(batch_size, EVAL_MAX_PIXELS // pixels))
+
+
 def epoch_order(n: int, samples: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """The sample indices of one epoch of `n` draws from `samples` samples (n a multiple of it): a seeded
     permutation of the draws, each draw's sample its index modulo `samples`."""

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.core import distributed
 from trainlab.core.config import BaseParams, TrainParams
-from trainlab.engine.batches import Batch, make_batches
+from trainlab.engine.batches import Batch, eval_batch_size, make_batches
 from trainlab.engine.metrics import bincount_allowed
 from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
                                        set_rng_state)
@@ -71,8 +71,8 @@ def evaluate(trainable: Trainable, model: nn.Module, data: Batch, runtime: Runti
     ctx = distributed.context()
     if ctx.enabled:
         data = {k: v[ctx.rank :: ctx.world_size] for k, v in data.items()}
-    batches = make_batches(data, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
-                           max_device_mb=max_device_mb)
+    batches = make_batches(data, eval_batch_size(data, batch_size), runtime.device, seed=0, shuffle=False,
+                           drop_last=False, max_device_mb=max_device_mb)
     metrics = trainable.make_metrics().to(runtime.device)
     loss_sum = torch.zeros((), device=runtime.device)
     count = 0

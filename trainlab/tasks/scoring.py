@@ -70,13 +70,13 @@ class Predictions:
 def run_test_split(inputs: TaskInputs, runtime: Runtime, batch_size: int, tta: bool,
                    max_device_mb: int = 2048, keep: int = FEW_EXAMPLES) -> Predictions:
     """Predict the whole test split batch by batch; metrics accumulate on the device (no per-batch sync)."""
-    from trainlab.engine.batches import make_batches
+    from trainlab.engine.batches import eval_batch_size, make_batches
 
     code, n_classes = inputs.code, inputs.config["num_classes"]
     dense, task = code.dense, code.make_trainable(inputs.model, inputs.meta)
     metrics = code.eval_metrics(n_classes).to(runtime.device)
-    batches = make_batches(inputs.test, batch_size, runtime.device, seed=0, shuffle=False, drop_last=False,
-                           max_device_mb=max_device_mb)
+    batches = make_batches(inputs.test, eval_batch_size(inputs.test, batch_size), runtime.device, seed=0,
+                           shuffle=False, drop_last=False, max_device_mb=max_device_mb)
     inputs.model.eval()
     kept: list[torch.Tensor] = []
     for batch in batches.epoch(0):
