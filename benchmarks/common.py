@@ -269,7 +269,7 @@ def task_data(name: str) -> TaskData:
             tokens, _ = tokenizer.encode_with_lengths(texts[k])
             split[k] = {"tokens": tokens, "labels": torch.from_numpy(labeled.labels[parts[k]])}
         meta = {"num_classes": len(labeled.class_names), "vocab_size": tokenizer.vocab_size,
-                "max_length": cfg.max_length, "pad_id": PAD_ID}
+                "max_length": tokenizer.max_length, "pad_id": PAD_ID}
         return TaskData(name, split["train"], split["val"], split["test"], meta, sources.text_description(labeled, data))
     raise ValueError(f"unknown task {name!r}")
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer, split_tokens, token_name
+from trainlab.data.tokenizer import (AUTO_LENGTH_CAP, CLS_ID, PAD_ID, UNK_ID, Tokenizer, auto_max_length,
+                                     split_tokens, token_name)
 from trainlab.core.errors import DataError
 
 
@@ -75,3 +76,35 @@ def test_options_survive_the_json_round_trip(tmp_path):
     again = Tokenizer.load(tmp_path / "tok.json")
     assert (again.lowercase, again.oov_buckets, again.vocab) == (False, 7, tok.vocab)
     assert torch.equal(again.encode(["A b C"]), tok.encode(["A b C"]))
+
+
+# data.text.max_length auto ----------------------------------------------------------------------------------------------
+
+def test_auto_max_length_is_the_99th_percentile_rounded_up_to_a_multiple_of_8():
+    lengths = [10] * 199 + [37]  # the 99th percentile (method "higher": a length some text has) is 10
+    assert auto_max_length(lengths)[0] == 16
+    value, why = auto_max_length([21] * 90 + [37] * 10)
+    assert value == 40
+    assert "99% of the 100 training texts have at most 37 tokens" in why and "multiple of 8" in why
+    assert "0.0% of them are cut" in why
+    assert auto_max_length([2, 3, 3])[0] == 8
+
+
+def test_auto_max_length_is_capped_and_says_so():
+    value, why = auto_max_length([400] * 50 + [900] * 50)
+    assert value == AUTO_LENGTH_CAP == 512
+    assert f"above the cap of {AUTO_LENGTH_CAP}" in why and "50.0% of them are cut" in why
+
+
+def test_fit_resolves_auto_from_the_training_texts_and_says_why():
+    texts = [" ".join(["w"] * n) for n in [5] * 60 + [20] * 40]  # 6 and 21 tokens with [CLS]
+    tok = Tokenizer.fit(texts, vocab_size=16, min_frequency=1, max_length="auto")
+    assert tok.max_length == 24 and "at most 21 tokens" in tok.max_length_why
+    assert tok.encode(texts).shape == (100, 24)
+    fixed = Tokenizer.fit(texts, vocab_size=16, min_frequency=1, max_length=12)
+    assert fixed.max_length == 12 and fixed.max_length_why is None
+
+
+def test_a_tokenizer_takes_a_resolved_max_length_only():
+    with pytest.raises(ValueError, match="max_length must be a positive integer, got 'auto'"):
+        Tokenizer(["[PAD]", "[UNK]", "[CLS]"], "auto")

@@ -275,7 +275,7 @@ def test_embedded_tensors_follow_the_documented_layout(embedded_runs):
     assert seg["images"].shape == (500, 1, 64, 64) and seg["masks"].shape == (500, 64, 64)
     assert seg["masks"].dtype == torch.uint8 and int(seg["masks"].max()) <= 10
     text = load_split(out / "text", "train")
-    assert text["tokens"].dtype == torch.int64 and text["tokens"].shape[1] == 48
+    assert text["tokens"].dtype == torch.int64 and text["tokens"].shape[1] == load_meta(out / "text")["max_length"]
     assert (text["tokens"][:, 0] == 2).all()
 
 
