@@ -92,7 +92,8 @@ def tracked_runs(tmp_path_factory, prepared):
         if i == FALLBACK_INDEX:
             tracking.update(uri=f"http://alice:{URL_PASSWORD}@127.0.0.1:{closed_port}", fallback_to_local=True)
         params = tiny_params({"base": {"seed": 10 + i}, "tracking": tracking,
-                              "classifier": {"epochs": 8, "batch_size": 256, "checkpoint_every_steps": 0}})
+                              "classifier": {"epochs": 8, "batch_size": 256, "checkpoint_every_steps": 0,
+                                             "min_steps": None}})
         write_params(root / f"params_{i}.yaml", params)
         runs.append(params)
     started = time.perf_counter()

@@ -97,13 +97,17 @@ def test_other_stages_report_an_unreachable_server_before_their_work(tmp_path, p
     assert tree(ws) == before
 
 
-def expected_params(params: dict) -> set[str]:
+def expected_params(params: dict, model_info: dict) -> set[str]:
+    """The params a training run logs: its sections, a few counts, and what each auto became (prepare's choices and
+    training's, as the model's info.json records them)."""
     from trainlab.core.config import Params
     from trainlab.tracking.tracker import flatten_params
 
     p = Params.model_validate(params)
+    auto = {f"auto.data.{k}" for k in model_info["meta"].get("auto", {})} | {
+        f"auto.classifier.{k}" for k in model_info.get("auto", {})}
     return set(flatten_params({"base": p.base.model_dump(), "classifier": p.classifier.model_dump()})) | {
-        "data_source", "world_size", "params_total", "params_trainable"}
+        "data_source", "world_size", "params_total", "params_trainable"} | auto
 
 
 def test_four_processes_logging_at_once_to_the_default_sqlite_store_lose_nothing(tracked_runs):
@@ -127,7 +131,9 @@ def test_four_processes_logging_at_once_to_the_default_sqlite_store_lose_nothing
     for i, (_, _, params) in enumerate(runs):
         info = {"run_id": json.loads((root / f"reports/classifier_{i}/run.json").read_text())["mlflow_run_id"]}
         run = by_id[info["run_id"]]
-        assert set(run.data.params) == expected_params(params), i
+        model_info = json.loads((root / f"models/classifier_{i}/info.json").read_text())
+        assert set(run.data.params) == expected_params(params, model_info), i
+        assert run.data.params["auto.classifier.augment"] == model_info["auto"]["augment"]["value"] == "shift"
         assert run.data.params["base.seed"] == str(10 + i)
         assert set(run.data.metrics) == epoch_keys | final_keys
         epochs = params["classifier"]["epochs"]

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 BARE_ENV = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
             **{k: v for k, v in os.environ.items()
                if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}}
-TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0}
+TRAIN = {"epochs": 2, "lr": 0.01, "warmup_epochs": 0.0, "min_steps": None}  # exactly 2 epochs
 TINY = {
     "base": {"seed": 3, "precision": "fp32"},  # the text bag test compares the fp32 rebuild with the stage
     "data": {"segmentation": {"canvases_per_digit": 0.06, "canvas_size": 32, "max_digits": 2},
