@@ -54,9 +54,10 @@ class ClassificationData(Section):
     source: Literal["embedded", "mnist", "fashion_mnist", "cifar10", "image_folder"] = "embedded"
     root: str = "data/raw/classification"
     # image_folder: stored images are image_size x image_size: shorter side resized to it, then the centre square;
-    # auto keeps images that all share one size up to 96 px a side, else 64 (trainlab.data.folders)
+    # auto keeps images that all share one size up to 96 px a side, else 96 (photos; trainlab.data.folders)
     image_size: ImageSize = "auto"
-    # a mirror keeps the label (augmentation and TTA): auto is true for photos (image_folder, fashion_mnist, cifar10)
+    # a mirror keeps the label (augmentation and TTA): auto is true for photos (colour image folders of varied or
+    # large sizes), fashion_mnist and cifar10; false for digits and gray or small one-size folders
     hflip: bool | Literal["auto"] = "auto"
 
 
@@ -71,7 +72,7 @@ class SegmentationData(Section):
     # (horizontal and vertical); dihedral (flips and 90-degree rotations). The embedded digit canvases allow none.
     symmetries: Literal["none", "flips", "dihedral"] = "none"
     # paired_folders: images (and masks, by nearest neighbour) stretched to image_size x image_size; auto keeps
-    # images that all share one size up to 256 px a side, else 128
+    # the images' own resolution when they share one size (up to 1024 px a side), else the median side
     image_size: ImageSize = "auto"
 
 
