@@ -107,7 +107,7 @@ def run(quick: bool) -> PartResult:
 def measure(tmp: Path, count: int, in_memory: bool) -> dict[str, dict[str, Any]]:
     """Generate `count` JPEGs under `tmp`, then time preparing them and one streamed epoch (and, with `in_memory`,
     one epoch with the data in memory), each in its own process."""
-    from trainlab.data.decoding import available_cores
+    from trainlab.data.ordered_map import available_cores
 
     root, work = tmp / f"raw_{count}", tmp / f"work_{count}"
     work.mkdir()
@@ -128,7 +128,7 @@ def measure(tmp: Path, count: int, in_memory: bool) -> dict[str, dict[str, Any]]
 
 def markdown(n: int, rows: list[list[str]], headline: dict[str, float]) -> str:
     """The part's report: what was measured, the figures per folder size and run, the headline against its targets."""
-    from trainlab.data.decoding import available_cores
+    from trainlab.data.ordered_map import available_cores
 
     return "\n".join([
         "## data_scale", "",

@@ -29,8 +29,12 @@ REPO = Path(__file__).resolve().parent.parent
 COPIED = ("stages", "trainlab", "pipelines", "benchmarks", "data", "params.yaml", "dvc.yaml", "pyproject.toml")
 # GPU_CHECK_STAGES=prepare,train_classifier runs only those stages (a quicker rehearsal on a CPU)
 STAGES_ENV = "GPU_CHECK_STAGES"
-# GPU_CHECK_TINY=1 runs them with the tiny params of the pipeline tests (tests/tiny.py): a rehearsal of the mechanics
+# GPU_CHECK_TINY=1 runs them with the tiny params of the pipeline tests (benchmarks/tiny.py): a rehearsal of the mechanics
 TINY_ENV = "GPU_CHECK_TINY"
+# After the pipeline, `python -m trainlab.verify models/<task> --epochs N` twice per trained model: is CUDA training
+# bitwise repeatable here? (0: the whole runs; the default, one epoch, keeps the part within its cap)
+VERIFY_EPOCHS_ENV = "GPU_CHECK_VERIFY_EPOCHS"
+VERIFY_TIMES = 2
 
 
 def run_pipeline(out: Path) -> list[dict]:
@@ -49,7 +53,7 @@ def run_pipeline(out: Path) -> list[dict]:
         params = yaml.safe_load((work / "params.yaml").read_text())
         params["tracking"]["enabled"] = False
         if os.environ.get(TINY_ENV):
-            from tests.tiny import TINY_PARAMS
+            from benchmarks.tiny import TINY_PARAMS
 
             for section, values in TINY_PARAMS.items():
                 params.setdefault(section, {}).update(values)
@@ -75,8 +79,32 @@ def run_pipeline(out: Path) -> list[dict]:
             if proc.returncode:
                 break
         total = time.perf_counter() - started
-    _write_json(out / "pipeline.json", {"stages": rows, "total_s": round(total, 2), "complete": True})
+        checks = verify_twice(work, out, [s for s, r in zip(stages, rows) if s.startswith("train_") and not r["exit"]])
+    _write_json(out / "pipeline.json", {"stages": rows, "total_s": round(total, 2), "complete": True,
+                                        "verify": checks})
     return rows
+
+
+def verify_twice(work: Path, out: Path, trained: list[str]) -> list[dict]:
+    """`python -m trainlab.verify` VERIFY_TIMES times on each trained model of the pipeline in `work`: its exit
+    code (0 identical, 10 differs, 11 could not rerun), verdict line and seconds; logs in OUT/verify_<task>_<n>.log."""
+    epochs = os.environ.get(VERIFY_EPOCHS_ENV, "1")
+    checks = []
+    for stage in trained:
+        task = stage.removeprefix("train_")
+        for n in range(1, VERIFY_TIMES + 1):
+            cmd = [sys.executable, "-m", "trainlab.verify", f"models/{task}", *(["--epochs", epochs] if epochs != "0"
+                                                                              else [])]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+            (out / f"verify_{task}_{n}.log").write_text(proc.stdout + proc.stderr)
+            last_error = (proc.stderr.strip().splitlines() or [""])[-1]
+            verdict = next((line for line in proc.stdout.splitlines() if line.startswith("verify: ")
+                            and ("IDENTICAL" in line or "DIFFERS" in line)), last_error)
+            checks.append({"model": task, "run": n, "exit": proc.returncode, "verdict": verdict[:300],
+                           "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"gpu-check: verify {task} ({n}): exit {proc.returncode}, {checks[-1]['seconds']} s", flush=True)
+    return checks
 
 
 def keep_metrics(work: Path, spec: dict, dest: Path) -> None:
@@ -171,6 +199,12 @@ def _pipeline(out: Path) -> list[str]:
         figures = [f"{model} {name} {value:.4f}" for model, values in scores.items() for name, value in values.items()
                    if name in ("accuracy", "mean_iou", "baseline_accuracy")]
         lines += ["Test split (evaluate stage): " + ", ".join(figures), ""]
+    if pipe.get("verify"):
+        lines += ["### python -m trainlab.verify, twice per model (exit 0 identical, 10 differs, 11 could not rerun)",
+                  "", "| model | run | exit | s | verdict |", "|---|---|---|---|---|"]
+        lines += [f"| {v['model']} | {v['run']} | {v['exit']} | {v['seconds']} | {v['verdict'].replace('|', '/')} |"
+                  for v in pipe["verify"]]
+        lines.append("")
     return lines
 
 

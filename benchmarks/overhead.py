@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from benchmarks.common import REPO, PartResult, Skip, alternate, fmt, log, table
+from benchmarks.tiny import TINY_PARAMS
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
-from tests.tiny import TINY_PARAMS
 
 BIN = Path(sys.executable).parent
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",

@@ -162,22 +162,19 @@ def write_files(folder: Path, name: str, items: list[Any]) -> list[str]:
 
 
 def direct_forward(predictor: Any, items: list[Any]) -> None:
-    """The same preprocessing (trainlab.data.transforms) and forward, called directly: no Predictor batching,
-    DataFrame or files."""
+    """The same preprocessing (the input contract, trainlab.data.inputs) and forward, called directly: no Predictor
+    batching, DataFrame or files."""
     import numpy as np
     import torch
 
-    from trainlab.data.transforms import clean_text, image_input
     from trainlab.tasks.augment import to_float_images
 
-    model = predictor.model
+    model, contract = predictor.model, predictor.contract
     for start in range(0, len(items), BATCH):
         chunk = items[start:start + BATCH]
-        if predictor.task == "text":
-            x = predictor.tokenizer.encode([clean_text(t, "text") for t in chunk])
-        else:
-            x = to_float_images(torch.from_numpy(np.stack([image_input(b, predictor.policy, "image")
-                                                          for b in chunk])))
+        x = torch.from_numpy(np.stack([contract(item, "input") for item in chunk]))
+        if predictor.task != "text":
+            x = to_float_images(x)
         logits = model(x).float()
         if predictor.task == "segmenter":
             logits.argmax(dim=1).to(torch.uint8).numpy()

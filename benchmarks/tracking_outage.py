@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.processes import REPO, MlflowServer, free_port, run_env, stage_command
+
 EPOCH_KEYS = ("step", "train_loss", "lr", "val_loss", "val_accuracy", "val_macro_f1")
 
 
@@ -34,7 +35,7 @@ class Workspace:
     """The temporary tree both trainings share: the MLflow server, their params.yaml (as a dict), the prepared data."""
 
     root: Path
-    server: Any
+    server: MlflowServer
     params: dict[str, Any]
     data: Path
 
@@ -60,10 +61,6 @@ def main(argv: list[str]) -> None:
 
 def set_up(root: Path, epochs: int) -> Workspace:
     """Start an MLflow server under `root` and prepare the data with params.yaml (`epochs` classifier epochs)."""
-    from tests.reliability.factories import run_env, stage_command
-    from tests.reliability.servers import MlflowServer
-    from tests.reliability.test_tracking import free_port
-
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["classifier"]["epochs"] = epochs
     (root / "server").mkdir()
@@ -80,8 +77,6 @@ def set_up(root: Path, epochs: int) -> Workspace:
 
 def train(space: Workspace, label: str, outage: Outage | None) -> dict[str, Any]:
     """Train the classifier in its own folder (with `outage`, the server cut meanwhile): exit, wall time, run id."""
-    from tests.reliability.factories import run_env, stage_command
-
     ws = space.root / label
     ws.mkdir()
     (ws / "params.yaml").write_text(yaml.safe_dump(space.params, sort_keys=False))
@@ -104,7 +99,7 @@ def train(space: Workspace, label: str, outage: Outage | None) -> dict[str, Any]
     return result
 
 
-def cut_server(server, proc: subprocess.Popen, started: float, outage: Outage) -> dict[str, float]:
+def cut_server(server: MlflowServer, proc: subprocess.Popen, started: float, outage: Outage) -> dict[str, float]:
     """Kill the server at `outage.kill_at` once the run is open (a server gone while the run opens is another case,
     tests/reliability/test_outage.py's) and start it again at `outage.back_at`; when that happened."""
     while not _run_open(server.uri) and proc.poll() is None:

@@ -15,18 +15,14 @@ from pipelines.runs import child_runs, tracking_uri
 from trainlab.core.cli import command_parser, run_cli
 from trainlab import tasks
 from trainlab.core.errors import UserError
+from trainlab.tracking.registry import CHAMPION, model_name
 from trainlab.tracking.uri import mlflow_client
 
-CHAMPION = "champion"
 METRIC_PREFIXES = ("test_", "baseline_")
 
 
 class CompareError(UserError):
     """The comparison cannot be made (tracking off, no such experiment)."""
-
-
-def model_name(task: str) -> str:
-    return f"trainlab-{task}"
 
 
 def stage_name(task: str) -> str:

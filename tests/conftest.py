@@ -26,7 +26,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # tracked_runs, four training processes at once).
 SHARED_FIXTURE_FILES = {
     "first_pipeline_run": tuple(f"tests/pipelines/{name}.py" for name in
-                                ("test_pipeline", "test_reproducible", "test_schedule", "test_search", "test_sweep")),
+                                ("test_pipeline", "test_readme_model", "test_reproducible", "test_schedule",
+                                 "test_search", "test_sweep")),
     "tracked_runs": ("tests/reliability/test_security.py", "tests/reliability/test_tracking.py"),
 }
 

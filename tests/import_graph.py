@@ -1,5 +1,6 @@
 """The import graph of this repo's code, read from the source (not by running it): every import statement with where
-it is (module level or inside a function, under TYPE_CHECKING or not). Shared by the DVC-deps and import tests."""
+it is (module level or inside a function, under TYPE_CHECKING or not), and on request the modules a registry names by
+their dotted path to import later. Shared by the DVC-deps and import tests."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Import:
     line: int
     lazy: bool  # inside a function: runs when the function is called
     typing_only: bool  # under `if TYPE_CHECKING:`: never runs
+    by_name: bool = False  # a string naming the module (a registry's entry): imported when asked for, lazily
 
 
 def module_file(module: str, roots: tuple[str, ...] = CODE_ROOTS) -> Path | None:
@@ -41,8 +43,10 @@ def _type_checking_only(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_in(path: Path) -> list[Import]:
-    """Every import statement of `path` (and `importlib.import_module("a.constant")`), in source order."""
+def imports_in(path: Path, by_name: bool = False) -> list[Import]:
+    """Every import statement of `path` (and `importlib.import_module("a.constant")`), in source order; `by_name`:
+    also every string that is exactly the dotted name of a module of this repo's code (as "trainlab.tasks.text" in
+    the task registry, imported by importlib when the task is loaded), as a lazy import."""
     found: list[Import] = []
 
     def visit(node: ast.AST, lazy: bool, typing_only: bool) -> None:
@@ -62,6 +66,9 @@ def imports_in(path: Path) -> list[Import]:
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args \
                 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             found.append(Import(node.args[0].value, node.lineno, lazy, typing_only))
+        elif by_name and isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                and module_file(node.value):
+            found.append(Import(node.value, node.lineno, True, typing_only, by_name=True))
         inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         for child in ast.iter_child_nodes(node):
             visit(child, inner, typing_only)

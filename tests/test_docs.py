@@ -44,27 +44,27 @@ BY_TEST: dict[str, tuple[str, ...]] = {
     "models/classifier reports/classifier": (
         "tests/engine/test_distributed.py::test_two_gloo_processes_match_one_process",),
     "prefect server start --host 127.0.0.1": (
-        "tests/pipelines/test_serve_local.py::test_serve_reuses_a_running_local_server_and_leaves_it_running",),
+        "tests/pipelines/test_schedule_local.py::test_schedule_reuses_a_running_local_server_and_leaves_it_running",),
     # the flow tests call pipelines.flow.pipeline, the function the command line calls
     "python -m pipelines.flow": (
         "tests/pipelines/test_pipeline.py::test_first_run_executes_every_stage_under_one_parent_mlflow_run",),
     "python -m pipelines.flow -S classifier.lr=0.01 -S base.seed=1 --name lr-0.01": (
         "tests/pipelines/test_flow_behaviour.py::test_overrides_run_as_a_dvc_experiment_and_leave_params_yaml_alone",),
-    "python -m pipelines.serve": (
-        "tests/pipelines/test_serve_local.py::test_serve_with_no_server_configured_starts_one_whose_schedule_runs_the_job",
+    "python -m pipelines.schedule": (
+        "tests/pipelines/test_schedule_local.py::test_schedule_with_no_server_starts_one_whose_schedule_runs_the_job",
         "tests/pipelines/test_units.py::test_schedule_comes_from_params_or_the_command_line"),
-    'python -m pipelines.serve --cron "*/30 * * * *" --timezone Europe/Berlin': (
+    'python -m pipelines.schedule --cron "*/30 * * * *" --timezone Europe/Berlin': (
         "tests/pipelines/test_units.py::test_schedule_comes_from_params_or_the_command_line",),
-    "python -m pipelines.serve --interval 600": (
+    "python -m pipelines.schedule --interval 600": (
         "tests/pipelines/test_schedule.py::test_served_flow_runs_on_its_schedule_and_promotes_champions",),
-    "python -m pipelines.serve --pool trainlab-process": (
+    "python -m pipelines.schedule --pool trainlab-process": (
         "tests/pipelines/test_schedule.py::test_python_deploy_takes_the_cron_from_params",),
     "prefect worker start --pool trainlab-process": (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
     "prefect work-pool create trainlab-process --type process": (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
     'prefect --no-prompt deploy --prefect-file pipelines/prefect.yaml --name trainlab-retrain --cron '
-    '"$(python -m pipelines.serve --print-cron)"': (
+    '"$(python -m pipelines.schedule --print-cron)"': (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
     "prefect deployment run trainlab-retrain/trainlab-retrain": (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
@@ -95,16 +95,28 @@ BY_TEST: dict[str, tuple[str, ...]] = {
         "tests/pipelines/test_compare.py::test_promotion_moves_champion_only_for_a_better_version"),
     "python -m trainlab.tracking.replay": (
         "tests/reliability/test_outage.py::test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete_the_run",),
+    "python -m trainlab.verify models/classifier": (
+        "tests/test_verify.py::test_a_run_verified_on_the_machine_that_trained_it_is_identical",),
+    "python -m trainlab.verify models/classifier --epochs 1": (
+        "tests/test_verify.py::test_a_fingerprint_difference_is_named_in_the_verdict",),
+    "python -m trainlab.verify models/classifier --bisect": (
+        "tests/test_verify.py::test_an_injected_nondeterminism_is_found_at_its_epoch_and_with_bisect_at_its_step",),
+    "python -m trainlab.verify --lock": (
+        "tests/test_verify.py::test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock",),
     "python -m benchmarks --quick --only classifier,mfu": (
         "tests/test_benchmarks.py::test_quick_classifier_and_mfu_parts_write_their_reports",),
-    # the predict tests run the command's main() in-process on the test split written out as files
+    # the predict tests run the command's main() in-process on the test split written out as files; test_readme_model
+    # runs the README's model commands as written, in the tiny repo after its first pipeline run
     "python -m trainlab.predict models/classifier path/to/digits/ --out predictions/digits": (
-        "tests/jobs/test_predict.py::test_raw_test_split_gives_exactly_the_accuracy_evaluate_reports",),
+        "tests/jobs/test_predict.py::test_raw_test_split_gives_exactly_the_accuracy_evaluate_reports",
+        "tests/pipelines/test_readme_model.py::test_model_commands_work_as_written_after_the_first_run"),
     "python -m trainlab.predict models:/trainlab-text@champion reviews.csv --out predictions/reviews": (
         "tests/jobs/test_predict.py::test_texts_from_stdin_and_tsv",
-        "tests/jobs/test_predict.py::test_the_registry_champion_predicts_what_the_model_folder_does"),
+        "tests/jobs/test_predict.py::test_the_registry_champion_predicts_what_the_model_folder_does",
+        "tests/pipelines/test_readme_model.py::test_model_commands_work_as_written_after_the_first_run"),
     "mlflow models serve -m models:/trainlab-classifier@champion --env-manager local --host 127.0.0.1 --port 5001": (
-        "tests/serving/test_server.py::test_classifier_server_answers_base64_images_and_400_for_a_corrupt_one",),
+        "tests/serving/test_server.py::test_classifier_server_answers_base64_images_and_400_for_a_corrupt_one",
+        "tests/pipelines/test_readme_model.py::test_model_commands_work_as_written_after_the_first_run"),
 }
 
 # The narrow experiment table docs/reproducibility.md gives: each model's test figure and the params most changed.
@@ -406,15 +418,24 @@ def test_the_counts_docs_reproducibility_gives_are_todays():
     assert not wrong, f"docs/reproducibility.md: {wrong}"
 
 
+def recorded(path: str) -> str:
+    """`path` as git records it (the index: the last commit, plus what is staged for the next), not the working tree:
+    `scripts/repro` rewrites the reports (the profile's timings every run, the metrics on another CPU kind), and the
+    README quotes the record."""
+    proc = subprocess.run(["git", "show", f":{path}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"git has no record of {path}: {proc.stderr.strip()}"
+    return proc.stdout
+
+
 def test_the_readme_quotes_the_committed_reports():
     """The README's row for the committed reports quotes their test metrics and the profile's classifier speed."""
     readme = (REPO / "README.md").read_text()
     rows = [line for line in readme.splitlines()
             if line.startswith("|") and "committed `dvc.lock` and `reports/`" in line]
     assert len(rows) == 1, "README.md: one Figures row names the committed dvc.lock and reports/"
-    metric = {task: json.loads((REPO / "reports" / task / "metrics.json").read_text())
+    metric = {task: json.loads(recorded(f"reports/{task}/metrics.json"))
               for task in ("classifier", "segmenter", "text")}
-    classifier = json.loads((REPO / "reports" / "profile" / "measurements.json").read_text())["classifier"]
+    classifier = json.loads(recorded("reports/profile/measurements.json"))["classifier"]
     fastest = max(setting["train_samples_per_s"] for setting in classifier.values())
     quoted = [f"classifier {metric['classifier']['test_accuracy']:.4f}",
               f"segmenter mean IoU {metric['segmenter']['test_mean_iou']:.4f}",
@@ -441,7 +462,7 @@ def test_the_license_pyproject_names_is_in_the_repo_and_dvc_plots_is_git_ignored
 
 
 def test_the_cron_the_docs_deploy_with_comes_from_params():
-    proc = subprocess.run([sys.executable, "-m", "pipelines.serve", "--print-cron"], cwd=REPO, env=run_env(),
+    proc = subprocess.run([sys.executable, "-m", "pipelines.schedule", "--print-cron"], cwd=REPO, env=run_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == yaml.safe_load((REPO / "params.yaml").read_text())["schedule"]["cron"]

@@ -92,8 +92,8 @@ def test_segmentation_loss_and_metrics_run_under_deterministic_algorithms_on_cud
 
 
 def test_text_model_bf16_autocast_on_cuda_matches_fp32():
-    model = build_text_model(TextParams(d_model=32, n_heads=4, n_layers=2, dim_feedforward=64, dropout=0.0), 100,
-                             num_classes=3, max_length=16).cuda().eval()
+    model = build_text_model(TextParams(arch="transformer", d_model=32, n_heads=4, n_layers=2, dim_feedforward=64,
+                                        dropout=0.0), 100, num_classes=3, max_length=16).cuda().eval()
     tokens = torch.randint(3, 100, (8, 16), device="cuda")
     tokens[4:, 10:] = 0  # padding
     with torch.no_grad():
@@ -234,7 +234,10 @@ def _task_and_batch(name: str):
         task.model.fit_vocabulary(["[PAD]", "[UNK]", "[CLS]", *(f"word{i}" for i in range(197))])
         task.model.fit_idf(batch["tokens"])
         return task, params.text, {k: v.cuda() for k, v in batch.items()}
-    params = Params()
+    # "text": the Transformer with the recipe params.yaml's text.arch comment gives it (its dropout too); the
+    # default TF-IDF bag is the cases above
+    transformer = TextParams(arch="transformer", optimizer="adamw", lr=0.001, weight_decay=0.01, dropout=0.1)
+    params = Params(text=transformer) if name == "text" else Params()
     return build_trainable(name, params, meta), getattr(params, name), {k: v.cuda() for k, v in batch.items()}
 
 

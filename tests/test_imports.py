@@ -1,5 +1,6 @@
-"""No import circle in the code, counting imports inside functions and under TYPE_CHECKING (a circle is a layering
-mistake whichever way it is hidden), and the MLflow adapter imports lazily only what is heavy to load."""
+"""No import circle in the code, counting imports inside functions, under TYPE_CHECKING and by a registry's module
+path (a circle is a layering mistake whichever way it is hidden); no code, benchmarks included, imports the tests; and
+the MLflow adapter imports lazily only what is heavy to load."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ LAZY_CHECKED = ("trainlab/tracking",)  # where every lazy import must be of some
 
 
 def import_graph(roots: tuple[str, ...]) -> dict[str, dict[str, tuple[Path, int]]]:
-    """module -> {imported module of these roots: (file, line)}, over every import (lazy and typing-only too)."""
+    """module -> {imported module of these roots: (file, line)}, over every import (lazy and typing-only too, and a
+    module a registry names by its path: the task registry imports the tasks' code when asked for it)."""
     modules = {name: path for root in roots for name, path in repo_modules(root).items()}
-    return {name: {i.module: (path, i.line) for i in imports_in(path) if i.module in modules and i.module != name}
+    return {name: {i.module: (path, i.line) for i in imports_in(path, by_name=True)
+                   if i.module in modules and i.module != name}
             for name, path in modules.items()}
 
 
@@ -78,6 +81,40 @@ def test_the_circle_finder_sees_lazy_and_typing_only_imports(tmp_path):
     graph = {"a": {"b": here}, "b": {"c": here}, "c": {"a": here}, "d": {"a": here}}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b": here}, "b": {}}) == []
+
+
+# The code the tests exercise (and the benchmarks, which import the code): none of it may import the tests. What both
+# need lives beside the benchmarks (benchmarks/tiny.py, benchmarks/processes.py), which the tests may import.
+NOT_TESTS = ("trainlab", "stages", "pipelines", "benchmarks")
+
+
+def imports_of_the_tests(path: Path) -> list[str]:
+    """`path`'s imports of the tests (module level or inside functions), each as "line N: module"."""
+    return [f"line {i.line}: {i.module}" for i in imports_in(path)
+            if i.module == "tests" or i.module.startswith("tests.")]
+
+
+@pytest.mark.parametrize("root", NOT_TESTS)
+def test_no_code_imports_the_tests(root):
+    found = [f"{path.relative_to(REPO)} {line}" for path in repo_modules(root).values()
+             for line in imports_of_the_tests(path)]
+    assert not found, "move what these need out of tests/ (into benchmarks/ or the package): " + "; ".join(found)
+
+
+def test_the_tests_import_check_sees_lazy_imports(tmp_path):
+    source = tmp_path / "bench.py"
+    source.write_text("import testsuite\nimport tests.reliability.factories\n"
+                      "def f():\n    from tests.tiny import TINY_PARAMS\n")
+    assert imports_of_the_tests(source) == ["line 2: tests.reliability.factories", "line 4: tests.tiny"]
+
+
+def test_the_circle_finder_sees_the_modules_a_registry_names(tmp_path):
+    source = tmp_path / "registry.py"
+    source.write_text('register(Spec("toy", "trainlab.tasks.text", "trainlab.no_such_module", "data/prepared"))\n')
+    assert [(i.module, i.lazy) for i in imports_in(source, by_name=True)] == [("trainlab.tasks.text", True)]
+    assert imports_in(source) == []  # the DVC-deps analysis adds the code of a stage's own tasks by itself
+    assert {"trainlab.tasks.classifier", "trainlab.tasks.segmenter", "trainlab.tasks.text"} <= \
+        set(import_graph(("trainlab",))["trainlab.tasks"])
 
 
 def heavy_at_import(module: str, seen: set[str] | None = None) -> bool:

@@ -16,8 +16,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("model", help="a model folder (models/classifier) or an MLflow model URI "
                         "(models:/trainlab-text@champion, models:/trainlab-text/3, runs:/<run id>/text)")
     parser.add_argument("inputs", nargs="*", help="image files, folders and globs (image models); CSV/TSV files "
-                        "with the text column of data.text.text_column, or - (the default) for one text per line "
-                        "of stdin (text model)")
+                        "(or folders of them) with the text column of data.text.text_column, or - (the default) for "
+                        "one text per line of stdin (text model). Hidden files (.DS_Store, ._x.jpg) and files of "
+                        "other suffixes in folders are skipped, as prepare skips them")
     parser.add_argument("--out", type=Path, required=True, help="output folder, replaced whole")
     parser.add_argument("--params", type=Path, default=None, help="params file for base.device/precision, the text "
                         "column and the tracking URI (default: params.yaml if there is one, else the defaults)")
@@ -41,7 +42,8 @@ def main(argv: list[str]) -> None:
     from trainlab.jobs.predict import run_predict
 
     summary = run_predict(args.model, args.inputs, args.out, params, args.batch_size, args.top_k)
-    print(f"predict: {summary.predicted} {summary.task} predictions in {summary.out_dir}")
+    skipped = f" (skipped {summary.skipped} hidden or other files)" if summary.skipped else ""
+    print(f"predict: {summary.predicted} {summary.task} predictions in {summary.out_dir}{skipped}")
 
 
 if __name__ == "__main__":

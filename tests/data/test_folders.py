@@ -16,10 +16,11 @@ from tests.data.factories import make_image_folder, make_paired_folders, make_ph
 from trainlab.core.cli import run_cli
 from trainlab.core.config import Params
 from trainlab.core.errors import DataError
-from trainlab.data.decoding import BAD_FILES_SHOWN, BadFiles
+from trainlab.data.bad_files import BAD_FILES_SHOWN, BadFiles
 from trainlab.data.folders import AUTO_PHOTO_SIZE, index_image_folder
+from trainlab.data.inputs import ImageInput
 from trainlab.data.prepared import SPLITS, load_meta, load_split, split_files
-from trainlab.data.transforms import CROP, ImagePolicy, load_preprocessing
+from trainlab.data.preprocessing import CROP, ImagePolicy, load_preprocessing
 from trainlab.data.writing import write_labeled_files
 from trainlab.jobs.prepare import prepare_classification, prepare_segmentation
 
@@ -91,6 +92,8 @@ def test_photos_of_every_size_and_encoding_prepare_at_the_image_size(tmp_path):
     splits, meta, stats = prepare_images(tmp_path, root)
     size = AUTO_PHOTO_SIZE
     assert meta["height"] == meta["width"] == size and meta["channels"] == 3
+    # the size is kept once, in preprocessing.json (load_meta reads it from there), not repeated in meta.json
+    assert not {"channels", "height", "width"} & set(json.loads((tmp_path / "prepared" / "meta.json").read_text()))
     assert meta["augment"] == "photo" and meta["hflip"] is True and "photos" in meta["auto"]["augment"]["why"]
     assert sum(len(splits[s]["labels"]) for s in SPLITS) == 40
     assert stats["resize"]["resize"] == CROP and stats["files"]["image_files"] == 40
@@ -220,7 +223,7 @@ def test_shards_do_not_depend_on_the_decode_workers_and_read_back_whole(tmp_path
     for workers, shard_bytes in ((1, 5 * 3200), (2, 5 * 3200), (2, 10**9)):
         folder = tmp_path / f"w{workers}_{shard_bytes}"
         folder.mkdir()
-        write_labeled_files(folder, "train", files, labels, policy, BadFiles(), workers, shard_bytes)
+        write_labeled_files(folder, "train", files, labels, ImageInput(policy), BadFiles(), workers, shard_bytes)
         outputs[(workers, shard_bytes)] = folder
     small_1, small_2, whole = outputs.values()
     assert len(split_files(small_1, "train")) == 5 and digest(small_1) == digest(small_2)

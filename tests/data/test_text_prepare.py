@@ -11,6 +11,7 @@ import pytest
 from tests.data.factories import write_params
 from trainlab.core.config import TextData, load_params
 from trainlab.core.errors import ParamsError
+from trainlab.data.inputs import load_contract
 from trainlab.data.prepared import load_meta, load_split
 from trainlab.data.tokenizer import AUTO_LENGTH_CAP, Tokenizer
 from trainlab.jobs.prepare import prepare_text
@@ -63,9 +64,11 @@ def test_auto_covers_long_texts_and_is_recorded_where_every_reader_looks(tmp_pat
     assert stats["token_length"]["train"]["truncated_fraction"] <= 0.01 and stats["max_length"] == length
     assert meta["auto"]["max_length"]["value"] == length and "99% of the" in meta["auto"]["max_length"]["why"]
     assert any(line.startswith(f"text: max_length auto -> {length} (99% of the") for line in lines)
-    # training builds the model from meta.json; predict and serving check preprocessing.json against tokenizer.json
+    # training builds the model from meta.json; predict and serving take it from the tokenizer file the input
+    # contract (preprocessing.json) names, its one place there
     preprocessing = json.loads((folder / "preprocessing.json").read_text())
-    assert preprocessing["text"]["max_length"] == Tokenizer.load(folder / "tokenizer.json").max_length == length
+    assert preprocessing["text"] == {"cleaning": "whitespace", "tokenizer": "tokenizer.json"}
+    assert load_contract(folder).tokenizer.max_length == Tokenizer.load(folder / "tokenizer.json").max_length == length
     for split in ("train", "val", "test"):
         assert load_split(folder, split)["tokens"].shape[1] == length
 

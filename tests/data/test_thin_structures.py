@@ -3,8 +3,8 @@
 import numpy as np
 
 from trainlab.data.folders import index_paired_folders
-from trainlab.data.transforms import ImagePolicy
-from trainlab.data.writing import read_pair
+from trainlab.data.inputs import SegmentationInput
+from trainlab.data.preprocessing import ImagePolicy
 from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set, write_paired_folders
 
 
@@ -30,7 +30,7 @@ def test_boundaries_are_thin_and_darker_than_cells():
 def test_written_as_paired_folders_that_load_back(tmp_path):
     root = write_paired_folders(tmp_path / "cells", count=3, size=48, seed=0)
     index = index_paired_folders(root, num_classes=2)
-    read = [read_pair(image, mask, ImagePolicy(1, 48, 48), 2) for image, mask in index.pairs]
+    read = [SegmentationInput(ImagePolicy(1, 48, 48)).pair(image, mask, 2) for image, mask in index.pairs]
     images, masks = thin_structure_set(3, 48, seed=0)
     assert index.class_names == CLASS_NAMES
     assert np.array_equal(np.stack([i for i, _ in read]), images) and np.array_equal(np.stack([m for _, m in read]), masks)

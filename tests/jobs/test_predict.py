@@ -188,7 +188,7 @@ def test_bad_texts_are_named_by_row_exit_8(in_root, tmp_path, capsys):
     assert code == 8, err
     assert f"{tmp_path / 'a.csv'}: row 3: empty text" in err
     assert f"{tmp_path / 'a.csv'}: row 4: empty text" in err
-    assert f"{tmp_path / 'b.csv'}: no column 'text' (columns: review)" in err
+    assert f"{tmp_path / 'b.csv'}: column 'text' not found (data.text.text_column); the columns are: review" in err
     assert [r["input"] for r in read_csv(out / "predictions.csv")] == [f"{tmp_path / 'a.csv'}: row {n}" for n in (2, 5)]
 
 
@@ -202,12 +202,13 @@ def test_no_good_input_exit_3_nothing_written(in_root, tmp_path, capsys):
 
 @pytest.mark.parametrize("task,change,says", [
     ("classifier", {"image": {"channels": 3}}, "3-channel images but the model takes in_channels=1"),
-    ("classifier", {"image": {"height": 56, "width": 56}}, "images of 56x56 (WxH) but the model was trained on 28x28"),
+    ("segmenter", {"task": "classifier"}, "task 'classifier' but"),
     ("classifier", {"class_names": ["cat", "dog"]}, "2 class names but the model has num_classes=10"),
     ("segmenter", {"image": {"mean": 0.1307}}, "normalisation mean 0.1307"),
-    ("text", {"text": {"max_length": 64}}, "max_length 64 (tokenizer 32) but the model takes max_length=32"),
-    ("text", {"text": {"lowercase": False}}, "lowercase False but the tokenizer says True"),
-], ids=["channels", "size", "classes", "normalisation", "max-length", "lowercase"])
+    ("text", {"text": {"max_length": 64}}, "max_length 64 but the tokenizer says 32"),  # a record from before the
+    ("text", {"text": {"lowercase": False}}, "lowercase False but the tokenizer says True"),  # tokenizer held them
+    ("text", {"text": {"cleaning": "none"}}, "text cleaning 'none' is not this code's 'whitespace'"),
+], ids=["channels", "task", "classes", "normalisation", "max-length", "lowercase", "cleaning"])
 def test_preprocessing_that_does_not_fit_the_model_fails_loudly_exit_4(in_root, tmp_path, capsys, task, change, says):
     folder = tmp_path / task
     shutil.copytree(in_root / "models" / task, folder)

@@ -67,7 +67,7 @@ def test_normal_and_kaiming_scales():
 
 
 def test_builders_apply_the_init_scheme():
-    text = build_text_model(TextParams(d_model=16, n_heads=2, init="normal"), 100, 3, 8)
+    text = build_text_model(TextParams(arch="transformer", d_model=16, n_heads=2, init="normal"), 100, 3, 8)
     assert text.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert text.head.bias.abs().max() == 0 and (text.norm.weight == 1).all()
     unet = build_segmenter(SegmenterParams(base_channels=4, init="xavier"), 3, 1)

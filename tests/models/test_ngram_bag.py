@@ -94,7 +94,7 @@ def test_config_round_trip_rebuilds_the_same_architecture(tmp_path):
 
 
 def test_transformer_config_still_round_trips():
-    model = build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32,
+    model = build_text_model(TextParams(arch="transformer", d_model=16, n_heads=2, n_layers=1, dim_feedforward=32,
                                         embedding_dropout=0.2), VOCAB, 4, MAX_LEN)
     again = build_from_config("text", json.loads(json.dumps(model.config)))
     assert again.config == model.config and again.embedding_dropout == 0.2
@@ -113,8 +113,8 @@ def assert_random_only_in_training(model, t):
 
 
 def test_embedding_dropout_drops_whole_words_in_training_only():
-    model = build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32, dropout=0.0,
-                                        embedding_dropout=0.5), VOCAB, 4, MAX_LEN)
+    model = build_text_model(TextParams(arch="transformer", d_model=16, n_heads=2, n_layers=1, dim_feedforward=32,
+                                        dropout=0.0, embedding_dropout=0.5), VOCAB, 4, MAX_LEN)
     assert_random_only_in_training(model, tokens())
 
 

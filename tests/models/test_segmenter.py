@@ -117,7 +117,7 @@ def decoder_inputs(model) -> list[tuple[int, int]]:
 def test_skip_merge_add_adds_the_skips_below_full_resolution_and_concatenates_there(monkeypatch):
     added = build_segmenter(SegmenterParams(base_channels=4, depth=3, skip_merge="add"), 11, 1)
     assert decoder_inputs(added) == [(16, 16), (8, 8), (8, 4)]  # the full-resolution block sees skip + upsampled
-    assert decoder_inputs(build_segmenter(SegmenterParams(base_channels=4, depth=3), 11, 1)) == [
+    assert decoder_inputs(build_segmenter(SegmenterParams(base_channels=4, depth=3, skip_merge="concat"), 11, 1)) == [
         (32, 16), (16, 8), (8, 4)]
     assert added(torch.randn(2, 1, 24, 40)).shape == (2, 11, 24, 40)
     cats, torch_cat = [], torch.cat

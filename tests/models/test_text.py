@@ -17,7 +17,8 @@ PAD, CLS, VOCAB, MAX_LEN = 0, 2, 50, 16
 
 
 def tiny(**overrides):
-    return TextParams(**{"d_model": 16, "n_heads": 2, "n_layers": 2, "dim_feedforward": 32, **overrides})
+    return TextParams(**{"arch": "transformer", "d_model": 16, "n_heads": 2, "n_layers": 2, "dim_feedforward": 32,
+                         **overrides})
 
 
 def batch():

@@ -22,7 +22,9 @@ MAX_LEN = 8
 
 
 def bag_params(**overrides):
-    return TextParams(**{"arch": "tfidf_bag", "ngrams": 2, "buckets": 64, "char_buckets": 128, **overrides})
+    # one head (a fixed weight decay); the candidate heads of weight_decay auto are asked for by name below
+    return TextParams(**{"arch": "tfidf_bag", "ngrams": 2, "buckets": 64, "char_buckets": 128, "weight_decay": 0.0,
+                         **overrides})
 
 
 def fitted(tokens, **overrides) -> TfidfBag:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.tiny import TINY_PARAMS
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
-from tests.tiny import TINY_PARAMS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

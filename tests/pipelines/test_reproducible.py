@@ -46,6 +46,16 @@ def runs_by_stage(root: Path) -> dict[str, int]:
     return counts
 
 
+def run_states(root: Path) -> dict[str, str]:
+    """{run name: its git_dirty tag} of the runs in the repo's own MLflow store."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("trainlab")
+    return {run.info.run_name: run.data.tags.get("git_dirty", "") for run in
+            client.search_runs([experiment.experiment_id], max_results=1000)}
+
+
 def clone(src: Path, dst: Path) -> Path:
     git(["clone", "--quiet", str(src), str(dst)], src.parent)
     return dst
@@ -74,6 +84,9 @@ def test_a_fresh_clone_reproduces_every_tracked_file_but_the_profile(committed, 
     assert {name for name in old if old[name] != new[name]} <= {"profile"}
     assert all(not (fresh / "reports" / task / "timing.json").exists() for task in ("classifier", "text"))
     assert (fresh / "reports/classifier/run.json").exists()  # timings and the run id: here, git-ignored
+    # DVC deleted each stage's committed reports before running it: no run counts that as uncommitted code
+    dirty = {name: flag for name, flag in run_states(fresh).items() if flag != "false"}
+    assert len(run_states(fresh)) >= len(RESTORABLE) and not dirty, dirty
 
 
 def test_the_run_cache_restores_every_stage_but_profile_without_running_it(committed, tmp_path):

@@ -33,7 +33,7 @@ def deployment_runs(name: str) -> tuple[object, list]:
 def wait_for_completed_run(name: str, proc: subprocess.Popen, log, timeout_s: float) -> list:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the serving process exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
+        assert proc.poll() is None, f"the schedule command exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
         try:
             _, runs = deployment_runs(name)
         except Exception:  # noqa: BLE001 - the deployment is not registered yet
@@ -53,9 +53,9 @@ def test_served_flow_runs_on_its_schedule_and_promotes_champions(first_pipeline_
 
     from pipelines.compare import CHAMPION, model_name
 
-    log = tmp_path / "serve.log"
+    log = tmp_path / "schedule.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve", "--interval", "5", "--name", "every-5s"],
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.schedule", "--interval", "5", "--name", "every-5s"],
                                 cwd=tiny_env, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -66,9 +66,9 @@ def test_served_flow_runs_on_its_schedule_and_promotes_champions(first_pipeline_
 
     assert done[0].deployment_id is not None and done[0].auto_scheduled
     deployment, _ = deployment_runs("trainlab-retrain/every-5s")
-    assert deployment.paused, "stopping `serve` should pause the schedule"
+    assert deployment.paused, "stopping the schedule command should pause the schedule"
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tiny_env / 'mlflow.db'}")
-    for task in TASKS:  # no champions before: the retraining job made the best existing versions champions
+    for task in TASKS:  # the first registered versions were crowned; the job keeps or beats them
         assert client.get_model_version_by_alias(model_name(task), CHAMPION).version
 
 
@@ -99,7 +99,7 @@ def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job(prefec
 
 
 def test_python_deploy_takes_the_cron_from_params(prefect_api, tmp_path):
-    from pipelines.serve import deploy, schedule_for
+    from pipelines.schedule import deploy, schedule_for
 
     repo = make_fake_repo(tmp_path / "repo", SEEDED_FILES)
     shutil.copytree(REPO / "pipelines", repo / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.search_space import SearchSpaceError, load_space
+from trainlab.core.config import load_params
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = """\
@@ -46,11 +47,15 @@ def test_the_example_space_loads_and_suggests_conditional_params(stages):
         trial = study.ask()
         overrides = space.suggest(trial)
         seen[overrides["classifier.arch"]] += 1
-        # width only for the arch that has one; the fixed epochs always
+        # width only for the arch that has one; nothing fixed: params.yaml's epochs
         assert ("classifier.width" in overrides) == (overrides["classifier.arch"] == "resnet_small")
-        assert overrides["classifier.epochs"] == 8 and 3e-4 <= overrides["classifier.lr"] <= 1e-2
+        assert "classifier.epochs" not in overrides and 3e-4 <= overrides["classifier.lr"] <= 1e-2
         study.tell(trial, 0.5)
     assert all(seen.values()), seen
+    # the enqueued trial is what its comment says: params.yaml's own values
+    (first,) = space.enqueue
+    repo = load_params(REPO / "params.yaml").model_dump()
+    assert space.fixed == {} and {k: repo[k.split(".")[0]][k.split(".")[1]] for k in first} == first
 
 
 @pytest.mark.parametrize("body, line, expected", [

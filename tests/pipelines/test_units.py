@@ -120,7 +120,7 @@ def test_summary_table_lists_every_stage():
 
 
 def test_schedule_comes_from_params_or_the_command_line(tmp_path):
-    from pipelines.serve import describe, schedule_for
+    from pipelines.schedule import describe, schedule_for
 
     assert describe(schedule_for(REPO, None, None, None)) == "cron '0 3 * * *' (UTC)"
     assert describe(schedule_for(REPO, "*/5 * * * *", None, "Europe/Berlin")) == "cron '*/5 * * * *' (Europe/Berlin)"
@@ -134,7 +134,7 @@ def test_schedule_comes_from_params_or_the_command_line(tmp_path):
 @pytest.mark.parametrize("module, argv, message", [
     ("pipelines.flow", ["--override", "classifier.lr=-1"], "classifier.lr"),
     ("pipelines.sweep", ["--grid", "classifier.lrr=0.1,0.2"], "did you mean 'classifier.lr'"),
-    ("pipelines.serve", ["--cron", "61 * * * *"], "not a valid cron"),
+    ("pipelines.schedule", ["--cron", "61 * * * *"], "not a valid cron"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(module, argv, message, monkeypatch, capsys):
     import importlib

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +12,10 @@ from typing import Any
 
 import yaml
 
+from benchmarks.processes import BIN, REPO, run_env, stage_command, stop_group
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / ".venv" / "bin" if (REPO / ".venv" / "bin" / "python").exists() else Path(sys.executable).parent
-PYTHON = str(BIN / "python")
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
                 "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
 
@@ -59,22 +55,6 @@ def write_params(path: Path, params: dict) -> Path:
     return path
 
 
-# Every `mlflow server` the tests start: no job runner (a second process that imports MLflow, for GenAI jobs these
-# tests never run).
-NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-
-
-def run_env(**extra: str) -> dict[str, str]:
-    """The environment of a stage or DVC subprocess: the venv first on PATH, one thread, no network, no debug."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MLFLOW_", "TRAINLAB_", "PREFECT_API")) and k not in ("PYTHONPATH",)}
-    env.update({"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}", "PYTHONPATH": str(REPO),
-                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1",
-                "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"})
-    env.update(extra)
-    return env
-
-
 def git(args: list[str], cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
                           env={**os.environ, **GIT_IDENTITY}).stdout
@@ -107,10 +87,6 @@ def dvc(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def stage_command(module: str, *args: str) -> list[str]:
-    return [PYTHON, "-m", module, *args]
-
-
 def run_stage(module: str, args: list[str], cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(stage_command(module, *args), cwd=cwd, capture_output=True, text=True, env=run_env(**env),
                           timeout=timeout, stdin=subprocess.DEVNULL)
@@ -121,15 +97,6 @@ def start(cmd: list[str], cwd: Path, log: Path, **env: str) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen(cmd, cwd=cwd, env=run_env(**env), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=60)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
+from benchmarks.processes import PYTHON
 from tests.reliability.conftest import make_workspace
 from tests.reliability.factories import (
     CHECKPOINT,
     CLASSIFIER_ARGS,
-    PYTHON,
     file_hashes,
     mid_epoch_checkpoint,
     read_checkpoint,

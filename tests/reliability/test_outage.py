@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.processes import PYTHON, MlflowServer, free_port
 from tests.reliability.conftest import make_workspace
 from tests.reliability.factories import (
     CHECKPOINT,
     CLASSIFIER_ARGS,
-    PYTHON,
     read_checkpoint,
     run_env,
     run_stage,
@@ -25,8 +25,6 @@ from tests.reliability.factories import (
     tiny_params,
     wait_until,
 )
-from tests.reliability.servers import MlflowServer
-from tests.reliability.test_tracking import free_port
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration, pytest.mark.slow]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.processes import BIN, PYTHON, MlflowServer, run_env
 from tests.pipelines.conftest import (
     SERVER_STARTUP_TIMEOUT_S,
     free_port,
@@ -20,7 +21,7 @@ from tests.pipelines.conftest import (
     prefect_env,
     stop_process_group,
 )
-from tests.reliability.factories import BIN, PYTHON, run_env, wait_until
+from tests.reliability.factories import wait_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration, pytest.mark.slow]
 
@@ -143,8 +144,6 @@ def test_prefect_server_restarted_while_a_stage_runs(tmp_path, prefect):
 
 
 def test_a_stage_that_exits_6_is_not_retried_while_the_tracking_server_is_down(tmp_path, prefect):
-    from tests.reliability.servers import MlflowServer
-
     (tmp_path / "mlflow").mkdir()
     mlflow_server = MlflowServer(tmp_path / "mlflow", free_port())
     mlflow_server.start()

@@ -18,7 +18,7 @@ import yaml
 from pipelines.overrides import deep_merge
 from tests.data.factories import make_image_folder, make_paired_folders, make_text_csv, user_data_section
 from tests.pipelines.conftest import free_port, stop_process_group
-from tests.reliability.factories import NO_JOBS
+from benchmarks.processes import NO_JOBS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -29,12 +29,13 @@ TIMINGS: dict[str, float] = {}  # wall seconds of the expensive steps, shown at 
 # Tiny, deterministic, single-threaded training: fp32 on the CPU so that 1 and 2 processes agree to 1e-5.
 TINY = {
     "base": {"seed": 5, "device": "cpu", "precision": "fp32", "num_workers": 0},
-    "classifier": {"width": 8, "epochs": 1, "batch_size": 4, "warmup_epochs": 0},
+    "classifier": {"width": 8, "epochs": 1, "min_steps": None, "batch_size": 4, "warmup_epochs": 0},
     # SGD, not AdamW: the attention's key bias has a zero gradient in exact arithmetic (softmax ignores a shift), so
     # AdamW's m/sqrt(v) turns rounding noise there into lr-sized steps that differ between 1 and 2 processes
     # (measured: 1.5e-3 on those 8 values, every other weight within 1.5e-7); SGD keeps the noise at its size.
-    "text": {"d_model": 8, "n_heads": 2, "n_layers": 1, "dim_feedforward": 8, "dropout": 0.0, "epochs": 2,
-             "batch_size": 8, "optimizer": "sgd", "lr": 0.1, "warmup_epochs": 0, "baseline_max_features": 50},
+    "text": {"arch": "transformer", "d_model": 8, "n_heads": 2, "n_layers": 1, "dim_feedforward": 8, "dropout": 0.0,
+             "epochs": 2, "min_steps": None, "batch_size": 8, "optimizer": "sgd", "lr": 0.1, "warmup_epochs": 0,
+             "baseline_max_features": 50},
     "tracking": {"enabled": True},
 }
 

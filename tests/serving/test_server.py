@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from tests.pipelines.conftest import free_port, stop_process_group
+from tests.serving.raw_inputs import assert_same_as_command, raw_case, raw_values
 from tests.serving.workspace import tracking_uri, trained_workspace
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -123,3 +124,21 @@ def test_segmenter_server_answers_a_mask_png_at_the_images_size(servers):
     mask = Image.open(io.BytesIO(base64.b64decode(row["mask_png"])))
     assert mask.size == (50, 40)
     assert sum(v for k, v in row.items() if k.startswith("fraction_")) == pytest.approx(1)
+
+
+@pytest.mark.parametrize("task", ["classifier", "segmenter", "text"])
+def test_the_servers_answer_what_the_predict_command_wrote_for_the_same_raw_files(servers, tmp_path_factory, task):
+    """The input contract over HTTP (tests/serving/test_input_contract.py shows the rest of the chain): the raw files
+    sent as base64 bytes, or the texts the command read from the BOM CSV and the TSVs, answered as the command."""
+    from trainlab.serving.frames import input_column
+
+    case = raw_case(tmp_path_factory)
+    values = raw_values(case, task)
+    if task != "text":
+        values = [base64.b64encode(v).decode("ascii") for v in values]
+    status, body = invoke(servers[task], frame(input_column(task), *values))
+    assert status == 200, body
+    records = body["predictions"]
+    if task == "segmenter":
+        records = [{**r, "mask_png": base64.b64decode(r["mask_png"])} for r in records]
+    assert_same_as_command(case, task, records, "mlflow models serve")

@@ -1,6 +1,6 @@
 """One tiny trained workspace for the predict and serving tests: the embedded data prepared small, the three models
-trained a few steps with MLflow tracking (SQLite in tmp, registered and promoted `champion`), evaluated with TTA off.
-Built once per session, whichever test module asks first."""
+trained a few steps with MLflow tracking (SQLite in tmp; each model's first registered version is its `champion`),
+evaluated with TTA off. Built once per session, whichever test module asks first."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import mlflow
     import torch
 
-    from pipelines.compare import promote
+    from pipelines.compare import champion_version
     from stages import evaluate, prepare, text_baseline, train_classifier, train_segmenter, train_text
 
     stages = {"classifier": train_classifier, "segmenter": train_segmenter, "text": train_text}
@@ -56,7 +56,7 @@ def trained_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         finally:
             torch.set_num_threads(threads)
         client = mlflow.MlflowClient(tracking_uri=tracking_uri(root))
-        for name in stages:
-            assert promote(client, name).promoted, f"trainlab-{name} v1 was not promoted to champion"
+        for name in stages:  # registering a model's first version made it the champion
+            assert str(champion_version(client, name).version) == "1", f"trainlab-{name} v1 is not the champion"
     _BUILT["root"] = root
     return root

@@ -94,7 +94,7 @@ def write_models(models: Path, data: Path, classifier_classes: int = 10) -> None
     save_model(build_segmenter(SegmenterParams(base_channels=4, depth=2), 11, 1), models / "segmenter",
                extra_json=info["segmenter"])
     meta = json.loads((data / "text" / "meta.json").read_text())
-    text_model = build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32),
+    text_model = build_text_model(TextParams(arch="transformer", d_model=16, n_heads=2, n_layers=1, dim_feedforward=32),
                                   vocab_size=meta["vocab_size"], num_classes=3, max_length=12)
     baseline = {"accuracy": 0.75, "macro_f1": 0.7, "confusion_matrix": [[3, 1, 0], [0, 3, 1], [1, 0, 3]]}
     save_model(text_model, models / "text", {"tokenizer.json": data / "text" / "tokenizer.json"},

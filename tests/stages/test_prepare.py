@@ -258,7 +258,7 @@ def test_embedded_counts(embedded_runs):
     assert cls["samples"] == {"train": 3500, "val": 500, "test": 1000, "total": 5000}
     seg = stats["segmentation"]
     assert seg["samples"] == {"train": 3500, "val": 500, "test": 1000, "total": 5000}
-    assert seg["num_classes"] == 11 and seg["height"] == seg["width"] == 64
+    assert seg["num_classes"] == 11 and seg["height"] == seg["width"] == 48
     assert all(v > 0 for split in seg["pixel_fraction"].values() for v in split.values())
     text = stats["text"]
     assert text["raw_rows"] == 38158
@@ -272,7 +272,7 @@ def test_embedded_tensors_follow_the_documented_layout(embedded_runs):
     cls = load_split(out / "classification", "test")
     assert cls["images"].shape == (1000, 1, 28, 28) and cls["images"].dtype == torch.uint8
     seg = load_split(out / "segmentation", "val")
-    assert seg["images"].shape == (500, 1, 64, 64) and seg["masks"].shape == (500, 64, 64)
+    assert seg["images"].shape == (500, 1, 48, 48) and seg["masks"].shape == (500, 48, 48)
     assert seg["masks"].dtype == torch.uint8 and int(seg["masks"].max()) <= 10
     text = load_split(out / "text", "train")
     assert text["tokens"].dtype == torch.int64 and text["tokens"].shape[1] == load_meta(out / "text")["max_length"]

@@ -47,7 +47,7 @@ def make_workspace(root):
     built = {
         "classifier": build_classifier(ClassifierParams(width=8), num_classes=10, in_channels=1),
         "segmenter": build_segmenter(SegmenterParams(base_channels=4, depth=2), num_classes=3, in_channels=1),
-        "text": build_text_model(TextParams(d_model=16, n_heads=2, n_layers=1, dim_feedforward=32),
+        "text": build_text_model(TextParams(arch="transformer", d_model=16, n_heads=2, n_layers=1, dim_feedforward=32),
                                  vocab_size=50, num_classes=2, max_length=12),
     }
     for name, model in built.items():

@@ -132,7 +132,7 @@ def test_tta_mode_mirrors_only_where_the_data_allows():
 
 
 def test_feature_layers_pick_an_early_and_a_late_activation():
-    model = build_classifier(ClassifierParams(width=4), 10, 1).eval()
+    model = build_classifier(ClassifierParams(width=4, stem_pool=1), 10, 1).eval()  # the blocks at 28x28
     x = torch.zeros(1, 1, 28, 28)
     layers = feature_layers(model, x)
     assert layers == ["blocks.0.relu", "blocks.2.relu_1"]

@@ -35,8 +35,9 @@ def trained_bag(arch, data_dir):
     y = torch.tensor([1, 1, 0, 0])
     Tokenizer(VOCAB, max_length=8).save(data_dir / "tokenizer.json")
     # built as training builds it: the bags' statistics from this training split and its tokenizer
-    model = CODE.build_trainable(TextParams(arch=arch, d_model=8, buckets=256), META, {"tokens": x, "labels": y},
-                            data_dir).model
+    # one head (a fixed weight decay), which top_ngrams reads
+    model = CODE.build_trainable(TextParams(arch=arch, d_model=8, buckets=256, weight_decay=0.0), META,
+                                 {"tokens": x, "labels": y}, data_dir).model
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     for _ in range(100):
         opt.zero_grad()

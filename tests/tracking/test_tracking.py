@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.reliability.factories import NO_JOBS
+from benchmarks.processes import NO_JOBS
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.provenance import git_state
 from trainlab.tracking.retry import retry as _retry

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.core.errors import DataError
-from trainlab.data.decoding import BadFiles, decode_in_order
-from trainlab.data.images import FolderListing, Probe, list_images, probe_image, require_folder
-from trainlab.data.transforms import CROP, KEEP, STRETCH, ImagePolicy
+from trainlab.data.bad_files import BadFiles
+from trainlab.data.images import Probe, probe_image
+from trainlab.data.input_files import IMAGE_KINDS, FolderListing, list_images, require_folder
+from trainlab.data.ordered_map import map_in_order
+from trainlab.data.preprocessing import CROP, KEEP, STRETCH, ImagePolicy
 
 IMAGES_DIR = "images"
 MASKS_DIR = "masks"
@@ -94,7 +96,7 @@ def class_files(folder: Path, skipped: FolderListing,
         skipped.add(FolderListing([], listing.hidden, listing.not_images))
         if not listing.files:
             raise DataError(f"{class_folder}: class {class_folder.name!r} has no samples (no image files: "
-                            "PNG, JPEG, WebP, TIFF, BMP or GIF)")
+                            f"{IMAGE_KINDS})")
         files += listing.files
         labels += [label] * len(listing.files)
     return files, np.array(labels, dtype=np.int64), [f.name for f in folders]
@@ -139,7 +141,7 @@ def index_paired_folders(root: str | Path, num_classes: int) -> PairFiles:
         if stem not in images:
             raise DataError(f"{path}: no image with stem {stem!r} in {root / IMAGES_DIR}")
     if not images:
-        raise DataError(f"{root / IMAGES_DIR}: no image files (PNG, JPEG, WebP, TIFF, BMP or GIF)")
+        raise DataError(f"{root / IMAGES_DIR}: no image files ({IMAGE_KINDS})")
     pairs = [(images[stem], masks[stem]) for stem in sorted(images)]
     return PairFiles(pairs, segmentation_class_names(root, num_classes), skipped)
 
@@ -161,7 +163,7 @@ def segmentation_class_names(root: Path, num_classes: int) -> list[str]:
 def probe_files(paths: Sequence[Path], bad: BadFiles, workers: int | None = None) -> dict[Path, Probe]:
     """Each readable file's header (channels, upright size); the unreadable ones go to `bad`."""
     probes: dict[Path, Probe] = {}
-    for path, result in decode_in_order(paths, probe_image, workers):
+    for path, result in map_in_order(paths, probe_image, workers):
         if isinstance(result, DataError):
             bad.add(result, path)
         else:
@@ -169,7 +171,7 @@ def probe_files(paths: Sequence[Path], bad: BadFiles, workers: int | None = None
     return probes
 
 
-def choose_policy(probes: Sequence[Probe], image_size: int | str, kind: str, key: str) -> tuple[ImagePolicy, str]:
+def choose_policy(probes: Sequence[Probe], image_size: int | str, task: str, key: str) -> tuple[ImagePolicy, str]:
     """The resize policy for files with these headers, and why: gray when every file is gray, else RGB; `image_size`
     "auto" as AUTO_KEEP_MAX and AUTO_SEGMENTATION_MAX say; a number resizes to it (classification: shorter side, then
     the centre square; segmentation: the whole image stretched)."""
@@ -177,11 +179,11 @@ def choose_policy(probes: Sequence[Probe], image_size: int | str, kind: str, key
         raise DataError(f"{key}: no readable image files")
     channels = 3 if any(p.channels == 3 for p in probes) else 1
     sizes = {(p.height, p.width) for p in probes}
-    resize = CROP if kind == "classification" else STRETCH
+    resize = CROP if task == "classifier" else STRETCH
     if image_size != "auto":
         return ImagePolicy(channels, int(image_size), int(image_size), resize), "set in params"
     (height, width), one_size = max(sizes), len(sizes) == 1
-    if kind == "classification":
+    if task == "classifier":
         if one_size and max(height, width) <= AUTO_KEEP_MAX:
             return ImagePolicy(channels, height, width, KEEP), f"kept: every image is {height}x{width}"
         what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"

@@ -1,57 +1,110 @@
-"""Image and mask files on disk: listing a folder (what is skipped and why), probing a file's header (channels and
-upright size, no decoding) and reading masks of class indices, with errors naming the file."""
+"""Image and mask files -> pixels: decoding any common encoding upright and 8-bit, probing a file's header (channels
+and upright size, no decoding) and reading masks of class indices, with errors naming the file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tifffile
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from trainlab.core.errors import DataError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif")
 TIFF_SUFFIXES = (".tif", ".tiff")
 GRAY_MODES = ("1", "L", "LA", "La", "I", "F", "I;16", "I;16B", "I;16L", "I;16N")
 EXIF_ORIENTATION = 0x0112
 TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
-@dataclass
-class FolderListing:
-    """The image files of a folder (sorted by name) and what was left out: hidden files, other files."""
+def decode_image(source: str | Path | bytes, name: str | None = None, draft_size: int | None = None) -> np.ndarray:
+    """Pixels (H, W, 1) or (H, W, 3) uint8 of an image file or its encoded bytes, upright (EXIF orientation applied).
 
-    files: list[Path] = field(default_factory=list)
-    hidden: list[Path] = field(default_factory=list)
-    not_images: list[Path] = field(default_factory=list)
+    Any format Pillow reads (PNG, JPEG incl. CMYK, WebP, TIFF, BMP, GIF...): palette and alpha images become RGB (alpha
+    dropped), 16-bit and float images are scaled to 8 bit, gray stays one channel. `draft_size`: a JPEG may be decoded
+    at 1/2, 1/4 or 1/8 scale as long as its shorter side stays at least that (libjpeg's DCT scaling: much faster for
+    large photos). Unreadable or truncated data is a DataError naming `name` (or the path).
+    """
+    where = name or (str(source) if not isinstance(source, bytes) else "image bytes")
+    if is_tiff(source):
+        return decode_tiff(source, where)
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            if draft_size and image.format == "JPEG":
+                short = min(image.size)
+                scale = max((s for s in (1, 2, 4, 8) if short // s >= draft_size), default=1)
+                if scale > 1:
+                    image.draft(image.mode, (image.size[0] // scale, image.size[1] // scale))
+            image.load()
+            return to_uint8_pixels(ImageOps.exif_transpose(image), where)
+    except FileNotFoundError:
+        raise DataError(f"{where}: file not found") from None
+    except DataError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{where}: unreadable or corrupt image ({type(exc).__name__}: {exc})") from None
 
-    def add(self, other: FolderListing) -> None:
-        self.files += other.files
-        self.hidden += other.hidden
-        self.not_images += other.not_images
+
+def is_tiff(source: str | Path | bytes) -> bool:
+    if isinstance(source, bytes):
+        return source[:4] in (b"II*\x00", b"MM\x00*")
+    return Path(source).suffix.lower() in TIFF_SUFFIXES
 
 
-def list_images(folder: Path) -> FolderListing:
-    """The files directly in `folder`: image files by suffix; hidden files (a leading dot: .DS_Store, ._x.jpg) and
-    files of other suffixes are listed apart, to be counted, never read."""
-    listing = FolderListing()
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
-            if path.is_file():
-                listing.hidden.append(path)
-        elif path.is_file():
-            (listing.files if path.suffix.lower() in IMAGE_SUFFIXES else listing.not_images).append(path)
-    return listing
+def decode_tiff(source: str | Path | bytes, where: str) -> np.ndarray:
+    """TIFF through tifffile (any bit depth and sample format Pillow may not read), scaled to 8 bit like the rest."""
+    try:
+        array = np.asarray(tifffile.imread(io.BytesIO(source) if isinstance(source, bytes) else source))
+    except FileNotFoundError:
+        raise DataError(f"{where}: file not found") from None
+    except (tifffile.TiffFileError, OSError, ValueError, IndexError) as exc:
+        raise DataError(f"{where}: unreadable or corrupt image ({type(exc).__name__}: {exc})") from None
+    if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[2] not in (1, 3, 4):
+        array = array.transpose(1, 2, 0)  # planar (C, H, W) storage
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[2] not in (1, 2, 3, 4):
+        raise DataError(f"{where}: unsupported image shape {array.shape}; expected H x W (gray) or H x W x 3 (RGB)")
+    array = array[:, :, :1] if array.shape[2] == 2 else array[:, :, :3]
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if np.issubdtype(array.dtype, np.floating):
+        return scale_to_uint8(array, "F")
+    if array.dtype in (np.uint16, np.int16):
+        return scale_to_uint8(array.astype(np.int64), "I;16")
+    raise DataError(f"{where}: {array.dtype} pixels are not supported; use 8- or 16-bit integers or floats in 0..1")
 
 
-def require_folder(folder: Path, what: str) -> Path:
-    if not folder.exists():
-        raise DataError(f"{folder}: {what} folder not found")
-    if not folder.is_dir():
-        raise DataError(f"{folder}: expected a folder ({what}), found a file")
-    return folder
+def to_uint8_pixels(image: Image.Image, where: str) -> np.ndarray:
+    """A loaded PIL image as (H, W, C) uint8, C 1 or 3."""
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        array = np.asarray(image)
+        return scale_to_uint8(array, mode)[:, :, None]
+    if mode == "1":
+        return (np.asarray(image, dtype=np.uint8) * 255)[:, :, None]
+    if mode == "L":
+        return np.asarray(image)[:, :, None]
+    if mode in ("LA", "La"):
+        return np.asarray(image.getchannel(0))[:, :, None]
+    if mode == "P" and "transparency" not in image.info and image.palette is not None and image.palette.mode == "L":
+        return np.asarray(image.convert("L"))[:, :, None]
+    return np.asarray(image.convert("RGB"))
+
+
+def scale_to_uint8(array: np.ndarray, mode: str) -> np.ndarray:
+    """16-bit (0..65535) and 32-bit integer images to 0..255 by the full range of their type; float images in 0..1
+    to 0..255 (clipped)."""
+    if mode == "F":
+        return np.clip(np.rint(array.astype(np.float64) * 255), 0, 255).astype(np.uint8)
+    wide = array.astype(np.int64)
+    if mode == "I" and wide.max(initial=0) > 65535:  # a 32-bit image: its own range
+        return np.clip(wide >> 24, 0, 255).astype(np.uint8)
+    return ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
 
 
 @dataclass(frozen=True)

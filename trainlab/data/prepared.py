@@ -1,6 +1,7 @@
 """The prepared-data format on disk: one safetensors file per split (or its shards, for a large split) plus
-meta.json, read and written safely. torch and safetensors load only where tensors are read or written: a stage that
-reads only meta.json and the JSON lines (the TF-IDF baseline) never loads torch."""
+meta.json (and preprocessing.json: trainlab.data.preprocessing), read and written safely. torch and safetensors load
+only where tensors are read or written: a stage that reads only meta.json and the JSON lines (the TF-IDF baseline)
+never loads torch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainlab.core.atomic import atomic_path, write_json
 from trainlab.core.errors import DataError
+from trainlab.data.preprocessing import stored_size
 
 if TYPE_CHECKING:
     import torch
@@ -137,14 +139,19 @@ def save_meta(folder: str | Path, meta: dict[str, Any]) -> Path:
 
 
 def load_meta(folder: str | Path) -> dict[str, Any]:
-    """Read ``meta.json`` of a prepared dataset; missing or invalid JSON is a DataError naming it."""
+    """Read ``meta.json`` of a prepared dataset, with the stored image size (channels, height, width) of an image
+    task from its preprocessing.json, the one place prepare writes it (a meta.json written before keeps its own);
+    missing or invalid JSON is a DataError naming the file."""
     path = Path(folder) / META_FILE
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise DataError(f"{path}: prepared metadata not found (run `dvc repro prepare` first)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: not a JSON object (rerun `dvc repro prepare`)")
+    return {**stored_size(folder), **meta}
 
 
 def save_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> Path:

@@ -10,8 +10,8 @@ import numpy as np
 from trainlab.core.config import DataParams
 from trainlab.data import canvases, embedded, folders, texts
 from trainlab.data.prepared import SPLITS
-from trainlab.data.decoding import BadFiles
-from trainlab.data.transforms import ImagePolicy
+from trainlab.data.bad_files import BadFiles
+from trainlab.data.preprocessing import ImagePolicy
 from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
 from trainlab.core.errors import DataError
 
@@ -105,7 +105,7 @@ def image_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> ImageSpli
     all_files = [path for files in index.files.values() for path in files]
     probes = folders.probe_files(all_files, bad)
     policy, size_why = folders.choose_policy(list(probes.values()), data.classification.image_size,
-                                             "classification", f"{root} (data.classification.root)")
+                                             "classifier", f"{root} (data.classification.root)")
     given = {split: (np.array([p for p in files if p in probes], dtype=object),
                      index.labels[split][[p in probes for p in files]]) for split, files in index.files.items()}
     files, labels = split_given(given, data, seed, index.class_names, str(root))
@@ -186,7 +186,7 @@ def paired_folder_splits(data: DataParams, seed: int, bad: BadFiles) -> MaskSpli
     index = folders.index_paired_folders(root, data.segmentation.num_classes)
     probes = folders.probe_files([image for image, _ in index.pairs], bad)
     pairs = [pair for pair in index.pairs if pair[0] in probes]
-    policy, size_why = folders.choose_policy(list(probes.values()), data.segmentation.image_size, "segmentation",
+    policy, size_why = folders.choose_policy(list(probes.values()), data.segmentation.image_size, "segmenter",
                                              f"{root} (data.segmentation.root)")
     parts = train_val_test_split(np.zeros(len(pairs), np.int64), data.val_fraction, data.test_fraction, seed,
                                  "segmentation", ["all images"], what=str(root))

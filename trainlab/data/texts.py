@@ -1,7 +1,8 @@
-"""Text tables (CSV/TSV with chosen text and label columns) and the documented text-cleaning rules.
+"""Text tables (CSV/TSV with chosen text and label columns) as labelled texts, and the documented text-cleaning rules.
 
 Cleaning, applied to every text source:
-1. whitespace runs become one space and the text is stripped;
+1. whitespace runs become one space and the text is stripped (trainlab.data.inputs.clean_text: predict and the MLflow
+   model clean each text they get the same way);
 2. an empty text is an error naming its row (user data) - the embedded corpus has none;
 3. exact duplicate texts (after rule 1) are dropped, keeping the first occurrence and its label,
    so one text cannot land in both the train and the test split.
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from trainlab.core.errors import DataError
+from trainlab.data.input_files import read_table, require_column
+from trainlab.data.inputs import clean_text
 
 
 @dataclass
@@ -31,19 +33,13 @@ class LabeledTexts:
     dropped_duplicates: int = 0
 
 
-def normalize_whitespace(text: str) -> str:
-    return " ".join(text.split())
-
-
 def clean_texts(texts: Sequence[str], labels: np.ndarray,
                 where: Callable[[int], str]) -> tuple[list[str], np.ndarray, int]:
     """Apply the cleaning rules; `where(i)` names row i in error messages. Returns texts, labels, duplicates dropped."""
     seen: set[str] = set()
     kept_texts, kept_rows = [], []
     for row, raw in enumerate(texts):
-        text = normalize_whitespace(raw)
-        if not text:
-            raise DataError(f"{where(row)}: empty text (texts must contain at least one non-space character)")
+        text = clean_text(raw, where(row))
         if text in seen:
             continue
         seen.add(text)
@@ -60,34 +56,17 @@ def sorted_class_names(values: Sequence[str]) -> list[str]:
     return sorted(distinct)
 
 
-def read_table(path: Path, delimiter: str) -> pd.DataFrame:
-    """Read a CSV/TSV as strings (UTF-8, header row); unreadable files are DataErrors naming the path."""
-    if not path.is_file():
-        raise DataError(f"{path}: text file not found (set data.text.path, or put the file there and `dvc add` it)")
-    try:
-        return pd.read_csv(path, sep=delimiter, dtype=str, keep_default_na=False, encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except pd.errors.EmptyDataError:
-        raise DataError(f"{path}: the file is empty (expected a header row and data rows)") from None
-    except pd.errors.ParserError as exc:
-        raise DataError(f"{path}: not a valid delimited file with delimiter {delimiter!r}: {exc}") from None
-
-
-def require_column(table: pd.DataFrame, column: str, path: Path, key: str) -> None:
-    if column not in table.columns:
-        columns = ", ".join(map(str, table.columns))
-        raise DataError(f"{path}: column {column!r} not found ({key}); the columns are: {columns}")
-
-
 def row_name(path: Path) -> Callable[[int], str]:
     """Rows are numbered like lines of the file: the header is row 1, the first data row is row 2."""
     return lambda i: f"{path}: row {i + 2}"
 
 
 def read_labeled_texts(path: str | Path, text_column: str, label_column: str, delimiter: str) -> LabeledTexts:
-    """A user's CSV/TSV as cleaned texts with labels; class names are the distinct label values."""
+    """A user's CSV/TSV (trainlab.data.input_files.read_table: a .tsv file is tab-separated) as cleaned texts with
+    labels; class names are the distinct label values."""
     path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: text file not found (set data.text.path, or put the file there and `dvc add` it)")
     table = read_table(path, delimiter)
     require_column(table, text_column, path, "data.text.text_column")
     require_column(table, label_column, path, "data.text.label_column")

@@ -1,5 +1,6 @@
-"""Writing a split into the prepared format as it is produced: images decoded from files (on all cores) or sliced
-from arrays, a shard at a time, so prepare never holds more than about one shard whatever the data's size."""
+"""Writing a split into the prepared format as it is produced: images made from files by the input contract
+(trainlab.data.inputs, on all cores) or sliced from arrays, a shard at a time, so prepare never holds more than about
+one shard whatever the data's size; texts as token ids and JSON lines."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 import torch
 
 from trainlab.core.errors import DataError
-from trainlab.data.decoding import BadFiles, decode_in_order
-from trainlab.data.images import read_mask, size_text
-from trainlab.data.prepared import SHARD_BYTES, ShardWriter
-from trainlab.data.transforms import ImagePolicy, apply_policy, decode_image, image_input, resize_mask
+from trainlab.data.bad_files import BadFiles
+from trainlab.data.inputs import ImageInput, SegmentationInput, TextInput
+from trainlab.data.ordered_map import map_in_order
+from trainlab.data.prepared import SHARD_BYTES, ShardWriter, save_jsonl, save_split
+from trainlab.data.preprocessing import ImagePolicy
 
 ARRAY_CHUNK = 4096  # samples sliced from an in-memory array per write
 
@@ -42,11 +44,11 @@ def write_labeled_arrays(folder: Path, split: str, images: np.ndarray, labels: n
     return WrittenSplit(writer.close(), labels)
 
 
-def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels: np.ndarray, policy: ImagePolicy,
+def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels: np.ndarray, contract: ImageInput,
                         bad: BadFiles, workers: int | None = None, shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
-    """Image files decoded and resized by `policy` in parallel, in order; unreadable ones go to `bad` (which raises in
-    its "error" mode) and are left out."""
-    writer = ShardWriter(folder, split, image_bytes(policy) + 8, shard_bytes)
+    """Image files made into stored images by `contract` (the one raw-image path: predict and the MLflow model call
+    it too) in parallel, in order; unreadable ones go to `bad` (which raises in its "error" mode) and are left out."""
+    writer = ShardWriter(folder, split, image_bytes(contract.policy) + 8, shard_bytes)
     chunk = max(64, min(writer.samples_per_shard, 1024))
     kept_labels: list[int] = []
     pending_images: list[np.ndarray] = []
@@ -58,10 +60,10 @@ def write_labeled_files(folder: Path, split: str, files: Sequence[Path], labels:
             pending_images.clear()
 
     def decode(item: tuple[Path, int]) -> np.ndarray:
-        return image_input(item[0], policy)  # the one raw-image path: predict and the MLflow model call it too
+        return contract(item[0])
 
-    for (path, label), result in decode_in_order(zip(files, labels.tolist()), decode, workers, chunk,
-                                                 f"prepare {split}", len(files)):
+    for (path, label), result in map_in_order(zip(files, labels.tolist()), decode, workers, chunk,
+                                              f"prepare {split}", len(files)):
         if isinstance(result, DataError):
             bad.add(result, path)
             continue
@@ -84,22 +86,13 @@ def write_masked_arrays(folder: Path, split: str, images: np.ndarray, masks: np.
     return WrittenSplit(writer.close(), pixel_counts=counts)
 
 
-def read_pair(image_path: Path, mask_path: Path, policy: ImagePolicy, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """An image and its mask, checked to match in size, both brought to the policy's size (the mask by nearest
-    neighbour)."""
-    pixels = decode_image(image_path, str(image_path), draft_size=None)
-    mask = read_mask(mask_path, num_classes)
-    if mask.shape != pixels.shape[:2]:
-        raise DataError(f"{mask_path}: mask size {size_text(mask.shape)} does not match image {image_path} size "
-                        f"{size_text(pixels.shape[:2])}")
-    return apply_policy(pixels, policy, str(image_path)), resize_mask(mask, policy)
-
-
-def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Path]], policy: ImagePolicy,
+def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Path]], contract: SegmentationInput,
                        num_classes: int, bad: BadFiles, workers: int | None = None,
                        shard_bytes: int = SHARD_BYTES) -> WrittenSplit:
-    """(image, mask) file pairs decoded in parallel, in order. An unreadable image goes to `bad`; a mask that is
-    wrong (size, values) is always an error: skipping it would hide a labelling mistake."""
+    """(image, mask) file pairs made into stored images and masks by `contract` in parallel, in order. An unreadable
+    image goes to `bad`; a mask that is wrong (size, values) is always an error: skipping it would hide a labelling
+    mistake."""
+    policy = contract.policy
     writer = ShardWriter(folder, split, image_bytes(policy) + policy.height * policy.width, shard_bytes)
     chunk = max(64, min(writer.samples_per_shard, 1024))
     counts = np.zeros(num_classes, dtype=np.int64)
@@ -112,8 +105,8 @@ def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Pat
             images.clear()
             masks.clear()
 
-    for (image_path, mask_path), result in decode_in_order(
-            pairs, lambda pair: read_pair(pair[0], pair[1], policy, num_classes), workers, chunk, f"prepare {split}",
+    for (image_path, mask_path), result in map_in_order(
+            pairs, lambda pair: contract.pair(pair[0], pair[1], num_classes), workers, chunk, f"prepare {split}",
             len(pairs)):
         if isinstance(result, DataError):
             if str(result).startswith(f"{image_path}: unreadable"):
@@ -128,3 +121,12 @@ def write_masked_files(folder: Path, split: str, pairs: Sequence[tuple[Path, Pat
             flush()
     flush()
     return WrittenSplit(writer.close(), pixel_counts=counts)
+
+
+def write_text_split(folder: Path, split: str, texts: list[str], labels: np.ndarray, contract: TextInput) -> np.ndarray:
+    """``<split>.safetensors`` (tokens by `contract`, labels) and ``<split>.jsonl`` (the cleaned texts, for the TF-IDF
+    baseline); returns each text's length in tokens before cutting."""
+    tokens, lengths = contract.encode(texts)
+    save_split(folder, split, {"tokens": tokens, "labels": torch.from_numpy(np.asarray(labels, dtype=np.int64))})
+    save_jsonl(folder / f"{split}.jsonl", [{"text": text, "label": int(label)} for text, label in zip(texts, labels)])
+    return lengths

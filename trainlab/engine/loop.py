@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -25,6 +25,7 @@ from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_s
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
+from trainlab.engine.trail import Trail
 from trainlab.models.init import count_parameters
 from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
@@ -52,6 +53,7 @@ class FitResult:
     samples_per_s: float = 0.0
     resumed_from_step: int = 0
     cuda_graphs: bool = False  # the step was captured as a CUDA graph
+    trail: dict = field(default_factory=dict)  # trainlab.engine.trail: what `python -m trainlab.verify` compares
 
 
 def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -121,6 +123,7 @@ class FitOptions:
     fingerprint: str = ""  # cfg.checkpoint_every_steps); a checkpoint there is resumed only when this matches
     sync_batchnorm: bool = False
     cuda_graphs: bool | str = "auto"  # capture the step as a CUDA graph where the device and settings allow
+    run_fingerprint: Mapping[str, str] | None = None  # kept with the trail (trainlab.core.fingerprint)
 
     @classmethod
     def from_base(cls, base: BaseParams, **overrides) -> FitOptions:
@@ -133,11 +136,12 @@ class FitOptions:
 class FitHooks:
     """What fit tells the caller and asks it. `tracker` gets each epoch's metrics. `stop` (an event set by another
     thread) and `stop_after` (called with the optimizer-step count after each step) stop training at that step as if
-    interrupted: checkpoint, then TrainingInterrupted."""
+    interrupted: checkpoint, then TrainingInterrupted; `stop_after_epochs` the same at the end of that epoch."""
 
     tracker: MetricsSink | None = None
     stop: threading.Event | None = None
     stop_after: Callable[[int], bool] | None = None
+    stop_after_epochs: int | None = None
 
 
 @dataclass
@@ -148,6 +152,7 @@ class FitState:
     step_in_epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     train_time: float = 0.0
+    trail: Trail | None = None
 
 
 @dataclass(frozen=True)
@@ -186,7 +191,7 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
         print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
     step = TrainStep(trainable, model, cfg, runtime, total_updates=plan.total_updates, seed=seed, forward=forward,
                      warmup_updates=round(cfg.warmup_epochs * plan.updates_per_epoch), graphs=graphs)
-    state = FitState()
+    state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}))
     resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
     saver = Checkpoints(options, trainable.name, model, step, state)
     precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
@@ -211,15 +216,20 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
             progress.write(epoch_line(trainable, row, cfg.epochs))
             if hooks.tracker is not None:
                 hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
+            state.trail.epoch_end(state.epoch + 1)
             state.epoch, state.step_in_epoch = state.epoch + 1, 0
             saver.save(state.train_time)
+            if hooks.stop_after_epochs and state.epoch >= hooks.stop_after_epochs and state.epoch < cfg.epochs \
+                    and step.updates < plan.total_updates:
+                raise TrainingInterrupted(f"{trainable.name}: stopped after epoch {state.epoch} as asked; checkpoint "
+                                          f"saved to {saver.path}")
 
     total_params, trainable = count_parameters(model)
     samples = step.updates * cfg.accumulation_steps * cfg.batch_size
     return FitResult(model=step.eval_model, history=state.history, final=state.history[-1] if state.history else {},
                      params_total=total_params, params_trainable=trainable, train_time_s=state.train_time,
                      samples_per_s=samples / max(state.train_time, 1e-9), resumed_from_step=resumed_from,
-                     cuda_graphs=graphs)
+                     cuda_graphs=graphs, trail=state.trail.state_dict())
 
 
 def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) -> tuple[nn.Module, nn.Module]:
@@ -255,6 +265,7 @@ def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, 
         state.step_in_epoch = index + 1
         if not updated:
             continue
+        state.trail.after_update()
         since = time.perf_counter() - t0
         progress.step(step.updates, (state.step_in_epoch - first_step) * step.cfg.batch_size / max(since, 1e-9),
                       lambda: float(step.loss_sum / step.seen.clamp(min=1)))
@@ -307,7 +318,8 @@ class Checkpoints:
             save_checkpoint(self.path, {
                 "fingerprint": self.fingerprint, "model": self.model.state_dict(), "step": self.step.state_dict(),
                 "epoch": self.state.epoch, "step_in_epoch": self.state.step_in_epoch, "update": self.step.updates,
-                "history": self.state.history, "train_time": elapsed, "rng": rng_state()})
+                "history": self.state.history, "train_time": elapsed, "rng": rng_state(),
+                "trail": self.state.trail.state_dict() if self.state.trail is not None else None})
         distributed.barrier()
 
 
@@ -328,6 +340,8 @@ def resume(options: FitOptions, name: str, model: nn.Module, step: TrainStep, st
         step.load_state_dict(saved["step"])
         state.epoch, state.step_in_epoch = saved["epoch"], saved["step_in_epoch"]
         state.history, state.train_time = list(saved["history"]), saved["train_time"]
+        if state.trail is not None:
+            state.trail.load_state_dict(saved.get("trail"))
         set_rng_state(saved["rng"])
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "

@@ -69,6 +69,7 @@ def load_inputs(name: str, data_root: Path, models_root: Path, device: torch.dev
     test = {k: v.load() if not torch.is_tensor(v) and v.ndim == 1 else v for k, v in test.items()}  # labels in memory
     inputs = TaskInputs(name, saved.model, saved.config, saved.info, meta, test, model_dir, data_dir)
     check_model_matches_meta(inputs)
+    check_same_preprocessing(name, data_dir, model_dir)
     check_prepared(spec, data_dir, meta, {"test": test})
     inputs.extra = inputs.code.load_extras(inputs)
     return inputs
@@ -85,6 +86,29 @@ def check_model_matches_meta(inputs: TaskInputs) -> None:
             raise CheckpointError(
                 f"{config_file}: the model has {key}={have} but {meta_file} says {want}; the model was not "
                 f"trained on this data (rerun `dvc repro train_{inputs.name}`)")
+
+
+def check_same_preprocessing(name: str, data_dir: Path, model_dir: Path) -> None:
+    """The model takes its inputs the way this data was prepared: the input contracts (trainlab.data.inputs) of the
+    data's and the model's preprocessing.json are equal (size, channels, resize policy, normalisation; tokenizer and
+    cleaning). A folder without a record (data or a model from before them) is not compared."""
+    from trainlab.data.inputs import load_contract
+    from trainlab.data.preprocessing import PREPROCESSING_FILE
+
+    data_file, model_file = data_dir / PREPROCESSING_FILE, model_dir / PREPROCESSING_FILE
+    if not (data_file.is_file() and model_file.is_file()):
+        return
+    data_contract = load_contract(data_dir)
+    try:
+        model_contract = load_contract(model_dir)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    if model_contract != data_contract:
+        have, want = model_contract.describe(), data_contract.describe()
+        detail = (f"the model takes {have}, but {data_file} prepares {want}" if have != want else
+                  f"the model's tokenizer differs from the one of {data_file}")
+        raise CheckpointError(f"{model_file}: {detail}; the model was not trained on this data (rerun "
+                              f"`dvc repro train_{name}`)")
 
 
 def write_rows(path: Path, rows: list[dict[str, str]]) -> None:

@@ -1,11 +1,11 @@
 """The predict command's body: a model folder or an MLflow model URI on image files, folders and globs, or on texts
-from CSV/TSV files or stdin; predictions written atomically into one folder, the inputs that could not be read
-listed (trainlab.serving does the predicting)."""
+from CSV/TSV files (or folders of them) or stdin, found and read by prepare's own reader (trainlab.data.input_files);
+predictions written atomically into one folder, the inputs that could not be read listed (trainlab.serving does the
+predicting, through the input contract)."""
 
 from __future__ import annotations
 
 import csv
-import glob
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,10 +16,17 @@ from typing import IO, Any
 
 from trainlab.core.config import Params
 from trainlab.core.errors import DataError, InputsRejected
+from trainlab.data.input_files import (
+    IMAGE_KINDS,
+    IMAGE_SUFFIXES,
+    TABLE_SUFFIXES,
+    FoundFiles,
+    find_files,
+    read_table,
+    require_column,
+)
 from trainlab.serving.predictor import IMAGE_TASKS, Predictor, Rejected
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm",
-                            ".pbm", ".pnm"})
 PREDICTIONS_FILE, FRACTIONS_FILE, REJECTED_FILE = "predictions.csv", "fractions.csv", "rejected.csv"
 MASKS_DIR, OVERLAYS_DIR = "masks", "overlays"
 URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/", "file:/", "s3://", "gs://", "http://", "https://")
@@ -33,6 +40,7 @@ class Inputs:
     items: list[Any] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    skipped: int = 0  # files in folders and globs never read: hidden ones (.DS_Store, ._x.jpg), other suffixes
 
     def add(self, item: Any, name: str) -> None:
         self.items.append(item)
@@ -41,6 +49,13 @@ class Inputs:
     def reject(self, name: str, message: str) -> None:
         self.rejected.append(Rejected(-1, name, message))
 
+    def found(self, found: FoundFiles) -> list[tuple[Any, str]]:
+        """Take what find_files reported missing and skipped; its (file, name) pairs."""
+        for arg, message in found.missing:
+            self.reject(arg, message)
+        self.skipped += len(found.skipped.hidden) + len(found.skipped.not_images)
+        return list(zip(found.files, found.names))
+
 
 @dataclass
 class PredictSummary:
@@ -48,6 +63,7 @@ class PredictSummary:
     predicted: int
     rejected: list[Rejected]
     out_dir: Path
+    skipped: int = 0
 
 
 # -- the model --------------------------------------------------------------------------------------------------------
@@ -99,54 +115,34 @@ def quiet_downloads() -> Iterator[None]:
 # -- inputs -----------------------------------------------------------------------------------------------------------
 
 def image_inputs(args: list[str]) -> Inputs:
-    """Image files, folders (their image files, recursively, sorted) and globs, in the order given."""
+    """Image files, folders (their image files, recursively, sorted) and globs, in the order given; hidden files and
+    files of other suffixes in folders and globs are skipped, as prepare skips them."""
     inputs = Inputs()
-    for arg in args:
-        path = Path(arg)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                inputs.reject(arg, f"{arg}: no image files in this folder ({', '.join(sorted(IMAGE_SUFFIXES))})")
-            for file in files:
-                inputs.add(file, str(file))
-        elif path.is_file():
-            inputs.add(path, arg)
-        elif glob.has_magic(arg):
-            files = sorted(Path(p) for p in glob.glob(arg, recursive=True) if Path(p).is_file())
-            if not files:
-                inputs.reject(arg, f"{arg}: no file matches this pattern")
-            for file in files:
-                inputs.add(file, str(file))
-        else:
-            inputs.reject(arg, f"{arg}: file not found")
+    for file, name in inputs.found(find_files(args, IMAGE_SUFFIXES, f"image files ({IMAGE_KINDS})")):
+        inputs.add(file, name)
     return inputs
 
 
 def text_inputs(args: list[str], params: Params, stdin: IO[str] | None) -> Inputs:
-    """Texts from CSV/TSV files (the column data.text.text_column names) or, with no file or `-`, one per line of
-    stdin. A file without that column is rejected whole, naming the columns it has."""
+    """Texts from CSV/TSV files and folders of them (the column data.text.text_column names; read as prepare reads
+    data.text.path) or, with no file or `-`, one per line of stdin. A file without that column, or unreadable, is
+    rejected whole with the reason."""
     inputs = Inputs()
-    column = params.data.text.text_column
+    column, delimiter = params.data.text.text_column, params.data.text.delimiter
     for arg in args or ["-"]:
         if arg == "-":
             for number, line in enumerate((stdin or sys.stdin).read().splitlines(), start=1):
                 inputs.add(line, f"stdin: line {number}")
             continue
-        path = Path(arg)
-        delimiter = "\t" if path.suffix.lower() == ".tsv" else params.data.text.delimiter
-        try:
-            with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f, delimiter=delimiter)
-                if column not in (reader.fieldnames or []):
-                    inputs.reject(arg, f"{arg}: no column {column!r} (columns: {', '.join(reader.fieldnames or [])}"
-                                       "); set data.text.text_column in params.yaml")
-                    continue
-                for i, row in enumerate(reader):
-                    inputs.add(row[column], f"{arg}: row {i + 2}")
-        except FileNotFoundError:
-            inputs.reject(arg, f"{arg}: file not found")
-        except (UnicodeDecodeError, csv.Error, OSError) as exc:
-            inputs.reject(arg, f"{arg}: not a readable UTF-8 CSV/TSV file ({type(exc).__name__}: {exc})")
+        for path, name in inputs.found(find_files([arg], TABLE_SUFFIXES, "CSV/TSV files (.csv, .tsv)")):
+            try:
+                table = read_table(path, delimiter)
+                require_column(table, column, path, "data.text.text_column")
+            except DataError as exc:
+                inputs.reject(name, str(exc))
+                continue
+            for i, text in enumerate(table[column]):
+                inputs.add(text, f"{name}: row {i + 2}")
     return inputs
 
 
@@ -266,4 +262,4 @@ def run_predict(model: str, args: list[str], out_dir: str | Path, params: Params
         raise InputsRejected(f"{len(rejected)} of {predicted + len(rejected)} inputs could not be predicted; the "
                              f"other {predicted} are in {out_dir} (the rejected ones in {out_dir / REJECTED_FILE}):\n"
                              f"{rejected_lines(rejected)}")
-    return PredictSummary(task, predicted, rejected, out_dir)
+    return PredictSummary(task, predicted, rejected, out_dir, inputs.skipped)

@@ -7,18 +7,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from trainlab.core.config import Params
+from trainlab.core.errors import DataError
 from trainlab.data import sources, stats
-from trainlab.data.decoding import BadFiles
-from trainlab.data.prepared import save_jsonl, save_meta, save_split
+from trainlab.data.bad_files import BadFiles
+from trainlab.data.inputs import ImageInput, SegmentationInput, TextInput
+from trainlab.data.prepared import save_meta
+from trainlab.data.preprocessing import ImagePolicy, image_record, save_preprocessing, text_record
 from trainlab.data.sources import require_mask_classes
 from trainlab.data.splits import require_every_class
-from trainlab.data.writing import write_labeled_arrays, write_labeled_files, write_masked_arrays, write_masked_files
 from trainlab.data.tokenizer import CLS_ID, PAD_ID, UNK_ID, Tokenizer
-from trainlab.data.transforms import ImagePolicy, save_preprocessing
-from trainlab.core.errors import DataError
+from trainlab.data.writing import (
+    write_labeled_arrays,
+    write_labeled_files,
+    write_masked_arrays,
+    write_masked_files,
+    write_text_split,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
 Log = Callable[[str], None]
@@ -34,12 +40,9 @@ def stored_policy(size: dict[str, int]) -> ImagePolicy:
 
 
 def save_image_preprocessing(folder: Path, task: str, policy: ImagePolicy, class_names: list[str]) -> None:
-    """preprocessing.json: how a raw image becomes this data's stored image (trainlab.data.transforms)."""
-    save_preprocessing(folder, {"task": task, "class_names": class_names, "image": policy.to_dict()})
-
-
-def policy_size(policy: ImagePolicy) -> dict[str, int]:
-    return {"channels": policy.channels, "height": policy.height, "width": policy.width}
+    """preprocessing.json: how a raw image becomes this data's stored image, and the one record of its size
+    (trainlab.data.preprocessing; meta.json does not repeat it)."""
+    save_preprocessing(folder, image_record(task, class_names, policy))
 
 
 def folder_stats(report: sources.FolderReport | None, policy: ImagePolicy | None, bad: BadFiles) -> dict[str, Any]:
@@ -97,18 +100,20 @@ def prepare_classification(params: Params, folder: Path, allow_download: bool, l
         if isinstance(images, np.ndarray):
             written = write_labeled_arrays(folder, split, images, data.labels[split])
         else:
-            written = write_labeled_files(folder, split, images, data.labels[split], data.policy, bad, workers)
+            written = write_labeled_files(folder, split, images, data.labels[split], ImageInput(data.policy), bad,
+                                          workers)
         labels[split] = written.labels
     bad.check()
     for split in sources.SPLITS:  # what is left once unreadable files are skipped
         require_written(labels[split], data.class_names, folder, split, data.description)
-    size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
+    policy = data.policy or stored_policy(stats.image_size(data.images["train"]))
+    size = policy.size()
     counts = stats.sample_counts({s: len(labels[s]) for s in sources.SPLITS})
     choices = classification_choices(params, data)
     hflip = choices["hflip"]["value"] if "hflip" in choices else params.data.classification.hflip
-    save_image_preprocessing(folder, "classifier", data.policy or stored_policy(size), data.class_names)
-    save_meta(folder, {"task": "classification", "source": data.description, "num_classes": len(data.class_names),
-                       "class_names": data.class_names, **size, "counts": counts, "hflip": hflip,
+    save_image_preprocessing(folder, "classifier", policy, data.class_names)
+    save_meta(folder, {"task": "classifier", "source": data.description, "num_classes": len(data.class_names),
+                       "class_names": data.class_names, "counts": counts, "hflip": hflip,
                        "augment": choices["augment"]["value"], "auto": choices})
     log(f"classification ({data.description}): {split_counts_text(counts)}; "
         f"{len(data.class_names)} classes, {size['channels']}x{size['height']}x{size['width']}"
@@ -138,21 +143,23 @@ def prepare_segmentation(params: Params, folder: Path, log: Log, workers: int | 
         if isinstance(images, np.ndarray):
             written[split] = write_masked_arrays(folder, split, images, data.masks[split], num_classes)
         else:
-            written[split] = write_masked_files(folder, split, images, data.policy, num_classes, bad, workers)
+            written[split] = write_masked_files(folder, split, images, SegmentationInput(data.policy), num_classes,
+                                                bad, workers)
     bad.check()
     for split in sources.SPLITS:
         if written[split].count == 0:
             raise DataError(f"{data.description}: the {split} split is empty once unreadable files are left out")
     if data.folder is not None:
         require_mask_classes(sum(w.pixel_counts for w in written.values()), data.class_names, Path(seg.root))
-    size = policy_size(data.policy) if data.policy else stats.image_size(data.images["train"])
+    policy = data.policy or stored_policy(stats.image_size(data.images["train"]))
+    size = policy.size()
     counts = stats.sample_counts({s: written[s].count for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
     seg_choices = ({"image_size": {"value": size_value(data.policy), "why": data.size_why}}
                    if data.policy is not None and seg.image_size == "auto" else {})
-    save_image_preprocessing(folder, "segmenter", data.policy or stored_policy(size), data.class_names)
-    save_meta(folder, {"task": "segmentation", "source": data.description, "num_classes": num_classes,
-                       "class_names": data.class_names, **size, "counts": counts, "hflip": False,
+    save_image_preprocessing(folder, "segmenter", policy, data.class_names)
+    save_meta(folder, {"task": "segmenter", "source": data.description, "num_classes": num_classes,
+                       "class_names": data.class_names, "counts": counts, "hflip": False,
                        "symmetries": symmetries, "auto": seg_choices})
     log(f"segmentation ({data.description}): {split_counts_text(counts)}; "
         f"{num_classes} classes, {size['channels']}x{size['height']}x{size['width']}; symmetries {symmetries}"
@@ -178,7 +185,8 @@ def segmentation_symmetries(params: Params) -> str:
 def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     """Write text/{split}.safetensors (tokens, labels), {split}.jsonl (cleaned text), tokenizer.json and meta.json;
     data.text.max_length auto is resolved here from the training split's lengths, printed and recorded (meta.json
-    "auto"), and every later reader takes the resolved value from meta.json, preprocessing.json or tokenizer.json."""
+    "auto"), and every later reader takes the resolved value from meta.json or tokenizer.json (the one the input
+    contract, trainlab.data.inputs.TextInput, reads)."""
     cfg = params.data.text
     labeled = sources.text_source(params.data)
     parts = sources.text_splits(labeled, params.data, params.base.seed)
@@ -190,15 +198,9 @@ def prepare_text(params: Params, folder: Path, log: Log) -> dict[str, Any]:
     choices = ({"max_length": {"value": max_length, "why": tokenizer.max_length_why}}
                if tokenizer.max_length_why else {})
     tokenizer.save(folder / TOKENIZER_FILE)
-    save_preprocessing(folder, {"task": "text", "class_names": labeled.class_names,
-                                "text": {"cleaning": "whitespace", "tokenizer": TOKENIZER_FILE,
-                                         "max_length": max_length, "lowercase": cfg.lowercase}})
-    lengths = {}
-    for split in sources.SPLITS:
-        tokens, lengths[split] = tokenizer.encode_with_lengths(split_texts[split])
-        save_split(folder, split, {"tokens": tokens, "labels": torch.from_numpy(split_labels[split])})
-        save_jsonl(folder / f"{split}.jsonl", [{"text": text, "label": int(label)}
-                                               for text, label in zip(split_texts[split], split_labels[split])])
+    save_preprocessing(folder, text_record(labeled.class_names, TOKENIZER_FILE))
+    contract = TextInput(tokenizer)  # the texts' one path to token ids: predict and the MLflow model take it too
+    lengths = {s: write_text_split(folder, s, split_texts[s], split_labels[s], contract) for s in sources.SPLITS}
     counts = stats.sample_counts({s: len(split_labels[s]) for s in sources.SPLITS})
     description = sources.text_description(labeled, params.data)
     save_meta(folder, {"task": "text", "source": description, "num_classes": len(labeled.class_names),

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from trainlab.core.config import Params, TrainParams
 from trainlab.engine.loop import FitHooks, FitOptions, FitResult, evaluate, fit, scalars
 from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError
+from trainlab.core.fingerprint import run_fingerprint
 from trainlab.core.provenance import environment
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
@@ -32,6 +34,8 @@ from trainlab.tasks.base import TrainingExtras, check_prepared
 CHECKPOINT_ROOT = Path("checkpoints")
 TIMING_COLUMNS = ("samples_per_s",)  # per-epoch history values that differ run to run (MLflow keeps them)
 RUN_RECORD = "run.json"  # reports/<task>/run.json: run id, timings, environment; git-ignored, not a DVC out
+TRAIL_ARTIFACT = "trail.json"  # the MLflow run's fingerprint, trail and what a rerun needs (python -m trainlab.verify)
+STOP_AFTER_EPOCHS_ENV = "TRAINLAB_STOP_AFTER_EPOCHS"  # stop (checkpoint kept) after that epoch: verify --epochs N
 
 
 @dataclass
@@ -133,6 +137,7 @@ class TrainingJob:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the task's own stage options (TaskCode)
     extras: TrainingExtras | None = None  # TaskCode.training_extras, read with the prepared data (before training)
     auto: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # what each auto became, and why
+    rerun: dict[str, Any] = dataclasses.field(default_factory=dict)  # what `python -m trainlab.verify` reruns
 
     @property
     def cfg(self) -> TrainParams:
@@ -154,6 +159,7 @@ class Trained:
     runtime: Runtime
     seconds: float
     chosen: dict[str, Any] = dataclasses.field(default_factory=dict)  # TaskCode.choose_model's record
+    fingerprint: dict[str, str] = dataclasses.field(default_factory=dict)  # trainlab.core.fingerprint
 
 
 def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, reports_dir: Path,
@@ -165,6 +171,7 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
     job = TrainingJob(name, params, Path(data_dir), Path(model_dir), Path(reports_dir), options)
     meta, splits = load_prepared(job)
     given = params
+    job = dataclasses.replace(job, rerun=rerun_record(name, given, job.data_dir, options))
     job = resolved(job, meta, len(next(iter(splits["train"].values()))))
     params = job.params
     # before training: a missing or bad text baseline fails here, not after the training
@@ -199,6 +206,13 @@ def train_task(name: str, params: Params, data_dir: Path, model_dir: Path, repor
             job.checkpoint.unlink(missing_ok=True)
     distributed.teardown()
     return TrainOutcome(test=trained.test, fit=trained.fit, run_id=run_id, seconds=trained.seconds)
+
+
+def rerun_record(name: str, given: Params, data_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """What `python -m trainlab.verify` needs to train this run again: the task, the params as written, the data
+    folder and the stage's own options (paths made absolute)."""
+    return {"task": name, "params": given.model_dump(mode="json"), "data_dir": str(data_dir.resolve()),
+            "options": {k: str(Path(v).resolve()) if isinstance(v, Path) else v for k, v in options.items()}}
 
 
 def resolved(job: TrainingJob, meta: dict, train_count: int) -> TrainingJob:
@@ -245,22 +259,29 @@ def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Tr
         # not under DDP, where one rank stopping alone would leave the others waiting in a collective: there rank 0's
         # next log call raises and torchrun stops them all.
         stop = tracker.failed if not ctx.enabled else None
+        auto = {**{f"data.{k}": c["value"] for k, c in meta.get("auto", {}).items()},
+                **{f"{job.name}.{k}": c["value"] for k, c in job.auto.items()}}
         tracker.log_params({"base": params.base.model_dump(), job.name: cfg.model_dump(), "data_source":
-                            meta.get("source", "unknown"), "world_size": ctx.world_size,
-                            "auto": {**{f"data.{k}": c["value"] for k, c in meta.get("auto", {}).items()},
-                                     **{f"{job.name}.{k}": c["value"] for k, c in job.auto.items()}}})
+                            meta.get("source", "unknown"), "world_size": ctx.world_size, "auto": auto})
         tracker.set_tags({**runtime.describe(), "task": job.name})
+        fingerprint = run_fingerprint(runtime, job.data_dir, params.section_hash("base", get(job.name).params_section),
+                                      auto)
+        tracker.set_tags({f"fingerprint.{k}": v for k, v in fingerprint.items()})
         options = FitOptions.from_base(params.base, eval_batch_size=2 * cfg.batch_size,
-                                       checkpoint_path=job.checkpoint, fingerprint=run_key)
+                                       checkpoint_path=job.checkpoint, fingerprint=run_key,
+                                       run_fingerprint=fingerprint)
         result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed, options,
-                     FitHooks(tracker=trial_sink(tracker, job.name, job.checkpoint), stop=stop))
-        tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs)})
+                     FitHooks(tracker=trial_sink(tracker, job.name, job.checkpoint), stop=stop,
+                              stop_after_epochs=int(os.environ.get(STOP_AFTER_EPOCHS_ENV) or 0) or None))
+        tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs),
+                          "fingerprint.cuda_graphs": str(result.cuda_graphs)})
         task, chosen = get(job.name).load().choose_model(task, result)  # e.g. the text bag's weight decay
         if chosen:
             tracker.log_params({job.name: {"chosen": chosen}})
         test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size,
                                 params.base.data_on_device_max_mb))
-        trained = Trained(task, result, test, runtime, time.perf_counter() - start, chosen)
+        trained = Trained(task, result, test, runtime, time.perf_counter() - start, chosen,
+                          result.trail.get("fingerprint", fingerprint))
         if ctx.is_main:
             record = write_outputs(job, meta, trained, tracker, splits["test"])
     if ctx.is_main and record["mlflow_run_id"] != tracker.run_id:  # a run opened late (an outage as it opened)
@@ -298,7 +319,7 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
 
     The model folder and the reports hold only what the same params and data reproduce bit for bit; the run id,
     timings and environment go to MLflow and to run.json."""
-    from trainlab.data.transforms import PREPROCESSING_FILE
+    from trainlab.data.preprocessing import PREPROCESSING_FILE
 
     result, name = trained.fit, job.name
     counts = {"params_total": result.params_total, "params_trainable": result.params_trainable}
@@ -320,9 +341,13 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
     tracker.set_tags({"model_md5": weights_md5})
     write_history(result.history, job.reports_dir / "history.csv")
     write_json(job.reports_dir / "metrics.json", headline_metrics(summary, trained.task))
+    reproduce = {"fingerprint": trained.fingerprint, "trail": result.trail, "rerun": job.rerun,
+                 "history": [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in result.history],
+                 "test": trained.test}
     record = {"mlflow_run_id": tracker.run_id, "model_md5": weights_md5, "timing": timing,
-              "environment": environment(trained.runtime.device)}
+              "environment": environment(trained.runtime.device), **reproduce}
     write_json(job.reports_dir / RUN_RECORD, record)
+    tracker.log_dict({**reproduce, "model_md5": weights_md5, "timing": timing}, TRAIL_ARTIFACT)
     log_model(job, trained, tracker, test_split)
     return record
 

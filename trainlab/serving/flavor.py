@@ -50,7 +50,7 @@ SERVED_TASKS = ("classifier", "segmenter", "text")  # the tasks whose raw inputs
 def served(task: str, model_dir: Path) -> bool:
     """Whether a trained model folder becomes a pyfunc on raw inputs: a task serving knows, with the preprocessing
     record prepare wrote (else the registered model stays the tensor-level one)."""
-    from trainlab.data.transforms import PREPROCESSING_FILE
+    from trainlab.data.preprocessing import PREPROCESSING_FILE
 
     return task in SERVED_TASKS and (Path(model_dir) / PREPROCESSING_FILE).is_file()
 

@@ -1,72 +1,12 @@
 """The task registry: what each task is (data folder, tensors, meta keys, params, primary metric) and where its code
-lives. Light on purpose (no torch): command lines and flows read it before anything heavy loads."""
+lives. Light on purpose (no torch): command lines and flows read it before anything heavy loads. The tasks' code
+builds on trainlab.tasks.spec, not on this package: it sits on top and names that code by module path."""
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from typing import Any
+from trainlab.tasks.spec import REGISTRY, TaskSpec, build_from_config, get, names, register, unregister
 
-
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str  # models/<name>, reports/<name>, the DVC stage train_<name>, the MLflow model trainlab-<name>
-    data_folder: str  # data/prepared/<data_folder>
-    inputs: str  # the prepared tensors: (inputs, targets) of every split
-    targets: str
-    meta_keys: tuple[str, ...]  # positive ints that meta.json must hold
-    primary_metric: str  # a test metric, higher is better: what runs are ranked by
-    code: str  # the module whose CODE (a tasks.base.TaskCode) builds, trains and evaluates the task
-    second_metric: tuple[str, str] = ("macro_f1", "macro-F1")  # the summary's second column: (key, label)
-    label: str = ""  # the primary metric's name for people
-    section: str = ""  # its section of params.yaml (default: its name)
-
-    @property
-    def params_section(self) -> str:
-        return self.section or self.name
-
-    @property
-    def headline(self) -> tuple[str, str]:
-        """The primary metric's key in reports/evaluate/metrics.json and its name for people."""
-        return self.primary_metric, self.label or self.primary_metric.replace("_", " ")
-
-    @property
-    def stage(self) -> str:
-        return f"train_{self.name}"
-
-    def load(self) -> Any:  # a trainlab.tasks.base.TaskCode, which builds on this registry: not named here
-        """The task's code (imported now: torch and the model code load with it)."""
-        return importlib.import_module(self.code).CODE
-
-
-REGISTRY: dict[str, TaskSpec] = {}
-
-
-def register(spec: TaskSpec) -> TaskSpec:
-    REGISTRY[spec.name] = spec
-    return spec
-
-
-def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
-
-
-def get(name: str) -> TaskSpec:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; expected one of {', '.join(REGISTRY)}") from None
-
-
-def names() -> tuple[str, ...]:
-    return tuple(REGISTRY)
-
-
-def build_from_config(task: str, config: dict):
-    """Rebuild the architecture a saved model's config.json describes (fresh weights); CheckpointError if it does
-    not describe a model of `task`."""
-    return get(task).load().from_config(config)
-
+__all__ = ["REGISTRY", "TaskSpec", "build_from_config", "get", "names", "register", "unregister"]
 
 register(TaskSpec("classifier", "classification", "images", "labels", ("num_classes", "channels"), "accuracy",
                   "trainlab.tasks.classifier"))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 # Per-channel mean/std used to normalise uint8 images: a fixed 0.5/0.5 keeps it dataset-agnostic (saved with the
 # model's preprocessing record, so predict and the MLflow model check it).
-from trainlab.data.transforms import IMAGE_MEAN, IMAGE_STD
+from trainlab.data.preprocessing import IMAGE_MEAN, IMAGE_STD
 
 
 def to_float_images(images: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from torch import nn
 
 from trainlab.core.errors import CheckpointError, DataError
 from trainlab.engine.contract import Trainable
-from trainlab.tasks import TaskSpec, get
+from trainlab.tasks.spec import TaskSpec, get
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params, TrainParams

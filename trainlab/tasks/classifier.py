@@ -85,6 +85,10 @@ class ClassifierCode(TaskCode):
     builder = staticmethod(build_classifier)
     pictures = {"misclassified": "misclassified.png", "feature_maps": "feature_maps.png"}
 
+    def config_fields(self, fields: dict) -> dict:
+        # a config.json saved before these keys existed describes the network of then, whatever today's default
+        return {"stem_pool": 1, "stem_pool_first": False, **fields}
+
     def resolve_auto(self, cfg: ClassifierParams, meta: dict) -> tuple[ClassifierParams, dict]:
         """augment auto: what prepare found the images to be (meta.json "augment": photo or shift, and why)."""
         if cfg.augment != "auto":

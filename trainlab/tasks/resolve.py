@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from trainlab.core.config import TrainParams
-from trainlab.tasks import get
+from trainlab.tasks.spec import get
 
 Choice = dict[str, Any]  # {"value": what an auto (or a budget) became, "why": one line}
 

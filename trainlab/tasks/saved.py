@@ -12,12 +12,13 @@ from safetensors.torch import load_file
 
 from trainlab.engine.checkpoint import load_model_state
 from trainlab.core.errors import CheckpointError
+from trainlab.tasks.spec import build_from_config
 
 
 @dataclass
 class SavedModel:
     model: torch.nn.Module
-    config: dict  # architecture (trainlab.tasks.build_from_config)
+    config: dict  # architecture (trainlab.tasks.spec.build_from_config)
     info: dict  # task, data meta, test metrics, MLflow run id, environment
     folder: Path
 
@@ -33,8 +34,6 @@ def read_json(path: Path) -> dict:
 
 def load_saved_model(folder: str | Path, task: str, device: str | torch.device = "cpu") -> SavedModel:
     """Rebuild and load a model written by a training stage; mismatches raise CheckpointError naming the file."""
-    from trainlab.tasks import build_from_config
-
     folder = Path(folder)
     config = read_json(folder / "config.json")
     info = read_json(folder / "info.json") if (folder / "info.json").exists() else {}

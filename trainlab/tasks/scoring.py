@@ -12,7 +12,7 @@ from torch import nn
 
 from trainlab.core.runtime import Runtime
 from trainlab.engine.metrics import update_in_chunks
-from trainlab.tasks import get
+from trainlab.tasks.spec import get
 from trainlab.tasks.metrics import class_metric_keys
 
 if TYPE_CHECKING:

@@ -83,6 +83,10 @@ class SegmenterCode(TaskCode):
     confusion = False
     dense = True
 
+    def config_fields(self, fields: dict) -> dict:
+        # a config.json saved before these keys existed describes the U-Net of then, whatever today's default
+        return {"full_res_convs": 2, "skip_merge": "concat", **fields}
+
     def resolve_auto(self, cfg: SegmenterParams, meta: dict) -> tuple[SegmenterParams, dict]:
         """crop_size, crops_per_image and inference_tile auto, by the stored images' size (trainlab.tasks.resolve)."""
         from trainlab.tasks.resolve import segmentation_autos

@@ -207,7 +207,8 @@ class TextCode(TaskCode):
     def config_fields(self, fields: dict) -> dict:
         if fields.get("arch") == "transformer_encoder":  # the config's name for text.arch transformer
             fields["arch"] = "transformer"
-        return fields
+        # a saved TF-IDF bag holds the one head chosen; weight_decay auto would build a head per candidate
+        return {"weight_decay": 0.0, **fields}
 
     def check_inputs(self, x: torch.Tensor, y: torch.Tensor, meta: dict, path: Path, meta_file: Path) -> None:
         if x.ndim != 2 or x.shape[1] > meta["max_length"]:

@@ -35,7 +35,8 @@ OPEN_ID_TAG = "trainlab.open_id"  # one per planned run: opening it again (after
 
 def default_run_name(stage: str, git: Mapping[str, str]) -> str:
     """What the runs table shows: the DVC experiment (or sweep point) and the stage, else the stage and the short
-    commit (``-dirty`` with uncommitted changes). Set here, so MLflow never draws a name from the seeded `random`."""
+    commit (``-dirty`` when what the stage reads differs from it: `git_state`). Set here, so MLflow never draws a name
+    from the seeded `random`."""
     experiment = os.environ.get(DVC_EXP_NAME_ENV, "").strip()
     if experiment:
         return f"{experiment} {stage}"
@@ -75,7 +76,7 @@ def plan_run(params: Params, stage: str, uri: str, run_name: str | None = None, 
     run_tags.update({str(k): redact_value(str(k), stringify(v)) for k, v in (tags or {}).items()})
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV, "").strip() or None
     plan = RunPlan(uri, params.tracking.experiment, run_name or default_run_name(stage, run_tags), run_tags, parent,
-                   dataset_records(datasets), _environment(device_tag=run_tags.get("device")),
+                   dataset_records(datasets), _environment(run_tags.get("device"), stage),
                    params.tracking.register_models)
     plan.tags[OPEN_ID_TAG] = plan.open_id
     return plan
@@ -213,7 +214,7 @@ def _run_tags(params: Params, stage: str, device: str | None) -> dict[str, str]:
         tags.update({k: str(v) for k, v in resolve_tags({}).items()})
     except Exception:  # noqa: BLE001 - cosmetic
         pass
-    tags.update(git_state())
+    tags.update(git_state(stage=stage))  # dirty: what this stage reads differs from the commit
     tags.update({
         "stage": stage,
         "params_hash": params.section_hash(),
@@ -226,13 +227,13 @@ def _run_tags(params: Params, stage: str, device: str | None) -> dict[str, str]:
     return tags
 
 
-def _environment(device_tag: str | None) -> dict[str, str]:
+def _environment(device_tag: str | None, stage: str) -> dict[str, str]:
     torch = loaded_torch()
     try:
         dev = torch.device(device_tag) if device_tag and torch is not None else None
     except (RuntimeError, TypeError):
         dev = None
     try:
-        return environment(dev)
+        return environment(dev, stage)
     except Exception:  # noqa: BLE001 - e.g. a CUDA query failing; record what we can
-        return environment(None)
+        return environment(None, stage)

@@ -23,6 +23,7 @@ from typing import Any
 from trainlab.core.atomic import atomic_dir, write_json, write_text
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.tracking.outage import first_line, is_outage, refusal
+from trainlab.tracking.registry import crown_if_none
 from trainlab.tracking.retry import retry
 from trainlab.tracking.runs import RunPlan, open_run
 from trainlab.tracking.secrets import redact
@@ -103,9 +104,11 @@ def log_model_once(tracker: Any, model: Any, name: str, example: Any, registered
         model_id = tracker.last_model_uri.rsplit("/", 1)[-1]
     if not registered or not tracker.register_models:
         return
-    versions = retry(client.search_model_versions, f"name = '{registered}' AND run_id = '{tracker.run_id}'")
-    if not list(versions):
+    versions = list(retry(client.search_model_versions, f"name = '{registered}' AND run_id = '{tracker.run_id}'"))
+    if not versions:
         tracker._register(model_id, registered)
+    else:  # registered before an outage cut the call short: the alias may not have been set
+        crown_if_none(client, registered, str(versions[0].version))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from trainlab.core.flatten import stringify, strings
 from trainlab.serving import flavor
+from trainlab.tracking.registry import crown_if_none
 from trainlab.tracking.retry import already_exists, retry
 from trainlab.tracking.secrets import redact_value
 from trainlab.tracking.uri import global_tracking_uri
@@ -269,7 +270,8 @@ class MlflowTracker:
                 raise
 
     def _register(self, model_id: str, registered_model_name: str) -> str:
-        """Register ``models:/<model_id>`` as a new version (quietly, race-safely) and link it on the model."""
+        """Register ``models:/<model_id>`` as a new version (quietly, race-safely) and link it on the model; the
+        model's first version becomes its champion."""
         from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
         try:
@@ -281,6 +283,7 @@ class MlflowTracker:
         with global_tracking_uri(self.tracking_uri):
             version = retry(self._client.create_model_version, name=registered_model_name,
                              source=f"models:/{model_id}", run_id=self.run_id, model_id=model_id)
+        crown_if_none(self._client, registered_model_name, str(version.version))
         try:
             logged = self._client.get_logged_model(model_id)
             links = json.loads(logged.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))

@@ -23,7 +23,7 @@ from trainlab.core.errors import ParamsError
 
 DEPLOYMENT_NAME = "trainlab-retrain"
 DEFAULT_POOL = "trainlab-process"
-ENTRYPOINT = "pipelines/serve.py:retrain"
+ENTRYPOINT = "pipelines/schedule.py:retrain"
 
 
 @task(name="promote-better-models", cache_policy=NO_CACHE)
@@ -133,7 +133,7 @@ def deploy(root: Path, schedule: Any, pool: str, name: str = DEPLOYMENT_NAME) ->
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = command_parser(prog="python -m pipelines.serve", description=__doc__)
+    parser = command_parser(prog="python -m pipelines.schedule", description=__doc__)
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--cron", help="cron expression (default: schedule.cron in params.yaml)")
     when.add_argument("--interval", type=float, help="run every this many seconds instead of on a cron")

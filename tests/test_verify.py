@@ -1,0 +1,151 @@
+"""python -m trainlab.verify on a tiny classifier: identical on the machine that trained it; an injected
+nondeterminism found at its epoch and, with --bisect, at its step; a killed and resumed run keeps the same trail; a
+faked ISA record named in the verdict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.factories import (BIN, CHECKPOINT, CLASSIFIER_ARGS, mid_epoch_checkpoint, run_env, run_stage,
+                                         start, stop_group, tiny_params, wait_until, write_params)
+from trainlab.engine.trail import PERTURB_ENV
+
+# About 27 optimizer steps an epoch, 3 epochs, a checkpoint every 5 steps (so a kill lands between two).
+PARAMS = {"classifier": {"batch_size": 128, "epochs": 3, "min_steps": None, "checkpoint_every_steps": 5}}
+PYTHON = str(BIN / "python")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Prepared data and the classifier trained once (a stage subprocess, tracking off)."""
+    from stages.prepare import main as prepare
+
+    root = tmp_path_factory.mktemp("verify")
+    write_params(root / "params.yaml", tiny_params(PARAMS))
+    prepare([str(root / "data" / "prepared"), str(root / "reports" / "data_stats.json"), "--params",
+             str(root / "params.yaml")])
+    proc = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return root
+
+
+def record(root: Path) -> dict:
+    return json.loads((root / "reports" / "classifier" / "run.json").read_text())
+
+
+def verify(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "trainlab.verify", *args], cwd=root, capture_output=True, text=True,
+                          env=run_env(**env), timeout=900, stdin=subprocess.DEVNULL)
+
+
+def test_the_run_records_a_fingerprint_and_a_trail(trained):
+    run = record(trained)
+    assert run["fingerprint"]["cpu_isa"] and run["fingerprint"]["threads"] == "1"
+    assert run["fingerprint"]["precision"] == "fp32" and len(run["fingerprint"]["data_hash"]) == 16
+    trail = run["trail"]
+    assert [e["epoch"] for e in trail["epochs"]] == [1, 2, 3]
+    assert [s["step"] for s in trail["steps"]] == list(range(trail["every"], trail["epochs"][-1]["step"] + 1,
+                                                             trail["every"]))
+    assert run["rerun"]["task"] == "classifier" and Path(run["rerun"]["data_dir"]).is_absolute()
+
+
+def test_a_run_verified_on_the_machine_that_trained_it_is_identical(trained):
+    proc = verify(trained, "models/classifier")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "IDENTICAL to the bit: 3 epochs" in proc.stdout and "model.safetensors md5 equal" in proc.stdout
+    assert "s in the original run" in proc.stdout
+
+
+def test_an_injected_nondeterminism_is_found_at_its_epoch_and_with_bisect_at_its_step(trained, tmp_path):
+    """Every run perturbs the gradients of optimizer step N by a random amount (as a nondeterministic kernel would):
+    verify names N's epoch and the first recorded step at or after N; --bisect names N itself."""
+    per_epoch = record(trained)["trail"]["epochs"][0]["step"]
+    n = per_epoch + 7  # in epoch 2, between two recorded steps
+    root = tmp_path / "perturbed"
+    shutil.copytree(trained, root, ignore=shutil.ignore_patterns("models", "reports"))
+    proc = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root, **{PERTURB_ENV: str(n)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    every = record(root)["trail"]["every"]
+    assert n % every
+
+    proc = verify(root, "models/classifier", "--bisect", **{PERTURB_ENV: str(n)})
+    out = proc.stdout
+    assert proc.returncode == 10, out + proc.stderr
+    assert "first epoch that differs: 2 " in out
+    assert f"first recorded step that differs: optimizer step {(n // every + 1) * every} " in out
+    assert "the fingerprints agree" in out
+    assert f"the replays part at optimizer step {n} (grad_norm" in out
+
+
+def test_a_killed_and_resumed_run_has_the_same_trail_as_an_uninterrupted_one(trained, tmp_path):
+    root = tmp_path / "killed"
+    shutil.copytree(trained, root, ignore=shutil.ignore_patterns("models", "reports"))
+    proc = start([PYTHON, "-m", "stages.train_classifier", *CLASSIFIER_ARGS], root, root / "killed.log")
+    try:
+        state = wait_until(mid_epoch_checkpoint(root / CHECKPOINT, min_epoch=1), proc, root / "killed.log",
+                           what="a mid-epoch checkpoint")
+    finally:
+        stop_group(proc, signal.SIGKILL)
+    assert state["trail"]["steps"] and state["trail"]["epochs"][0]["epoch"] == 1
+    resumed = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stdout[-2000:] + resumed.stderr
+    ours, theirs = record(root)["trail"], record(trained)["trail"]
+    assert ours["steps"] == theirs["steps"] and ours["epochs"] == theirs["epochs"]
+
+
+def test_a_fingerprint_difference_is_named_in_the_verdict(trained, tmp_path):
+    """A record from another CPU kind (its ISA and its numbers faked): the verdict names the ISA of each."""
+    root = tmp_path / "other-cpu"
+    for folder in ("models", "reports"):
+        shutil.copytree(trained / folder, root / folder)
+    run = record(root)
+    here = run["fingerprint"]["cpu_isa"]
+    faked = "AMX" if here == "AVX-512 BF16" else "AVX-512 BF16"
+    run["fingerprint"]["cpu_isa"] = run["trail"]["fingerprint"]["cpu_isa"] = faked
+    run["trail"]["steps"][0]["loss_sum"] += 1e-4
+    run["trail"]["epochs"][0]["weights"] = "0" * 16
+    (root / "reports" / "classifier" / "run.json").write_text(json.dumps(run))
+    proc = verify(root, "models/classifier", "--epochs", "1")
+    assert proc.returncode == 10, proc.stdout + proc.stderr
+    assert "first epoch that differs: 1 (weights hashes)" in proc.stdout
+    assert f"first recorded step that differs: optimizer step {run['trail']['every']} " in proc.stdout
+    assert f"CPU ISA: {here} here, {faked} recorded: vectorised fp32 kernels differ" in proc.stdout
+
+
+def test_missing_data_is_could_not_rerun(trained, tmp_path):
+    root = tmp_path / "no-data"
+    for folder in ("models", "reports"):
+        shutil.copytree(trained / folder, root / folder)
+    run = record(root)
+    run["rerun"]["data_dir"] = str(tmp_path / "gone")
+    (root / "reports" / "classifier" / "run.json").write_text(json.dumps(run))
+    proc = verify(root, "models/classifier")
+    assert proc.returncode == 11, proc.stdout + proc.stderr
+    assert f"{tmp_path / 'gone'}: the run's prepared data folder is missing here" in proc.stderr
+
+
+@pytest.mark.slow
+def test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock(tmp_path):
+    """The tiny pipeline reproduced in a copy: every output identical to the committed dvc.lock but the profile's."""
+    from tests.reliability.factories import dvc, git, make_dvc_repo
+    from benchmarks.tiny import TINY_PARAMS
+
+    repo = make_dvc_repo(tmp_path / "repo", tiny_params(TINY_PARAMS))
+    first = dvc(["repro"], repo)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    git(["add", "dvc.lock"], repo)
+    git(["commit", "--quiet", "--no-verify", "-m", "lock"], repo)
+    proc = verify(repo, "--lock")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    verdicts = {(cells[0], cells[1]): " ".join(cells[2:]) for cells in lines}
+    assert verdicts[("train_classifier", "models/classifier")] == "identical"
+    assert verdicts[("evaluate", "reports/evaluate/metrics.json")] == "identical"
+    assert verdicts[("profile", "reports/profile/measurements.json")].startswith("timing-only")
+    assert "0 differ unexpectedly" in proc.stdout
