@@ -1,4 +1,5 @@
-"""`python -m benchmarks`: run the benchmark parts, print one markdown report, write reports/bench/*.json and summary.md.
+"""`python -m benchmarks`: run the benchmark parts, print one markdown report, write reports/bench/*.json and
+summary.md.
 
     python -m benchmarks                       # everything: about 80 minutes on a 2-core CPU (an estimate, 30 of
                                                # them the quality part; benchmarks/README.md)
@@ -41,7 +42,8 @@ TARGETS = {
         ("noop_dvc_repro_s", "<=", 1.5, "no-op `dvc repro` (s)"),
         ("cold_start_s", "<=", 4.0, "stage cold start to the first training step (s)"),
         *((f"stage_start_over_import_torch_s_{task}", "<=", 1.5,
-           f"train_{task}: spawn to first step, over `import torch` (s)") for task in ("classifier", "segmenter", "text")),
+           f"train_{task}: spawn to first step, over `import torch` (s)")
+          for task in ("classifier", "segmenter", "text")),
         *((f"stage_end_s_{task}", "<=", 1.0,
            f"train_{task}: last step to exit in a two-epoch run, less the test pass (s)")
           for task in ("classifier", "segmenter", "text")),
@@ -83,7 +85,7 @@ TARGETS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke version of every part")
     parser.add_argument("--only", default="all",
                         help=f"comma-separated parts: {', '.join(PARTS)} (or training = the three models)")

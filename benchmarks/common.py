@@ -270,7 +270,8 @@ def task_data(name: str) -> TaskData:
             split[k] = {"tokens": tokens, "labels": torch.from_numpy(labeled.labels[parts[k]])}
         meta = {"num_classes": len(labeled.class_names), "vocab_size": tokenizer.vocab_size,
                 "max_length": tokenizer.max_length, "pad_id": PAD_ID}
-        return TaskData(name, split["train"], split["val"], split["test"], meta, sources.text_description(labeled, data))
+        return TaskData(name, split["train"], split["val"], split["test"], meta,
+                        sources.text_description(labeled, data))
     raise ValueError(f"unknown task {name!r}")
 
 

@@ -40,7 +40,8 @@ def generate_folder(root: Path, count: int, seed: int = 0) -> Path:
         top, left = rng.integers(0, photo.shape[0] - h + 1), rng.integers(0, photo.shape[1] - w + 1)
         folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(photo[top:top + h, left:left + w]).save(folder / f"{i:06d}.jpg", quality=int(rng.integers(75, 96)))
+        Image.fromarray(photo[top:top + h, left:left + w]).save(folder / f"{i:06d}.jpg",
+                                                                quality=int(rng.integers(75, 96)))
     return root
 
 
@@ -136,8 +137,9 @@ def markdown(n: int, rows: list[list[str]], headline: dict[str, float]) -> str:
         f"prepared at {IMAGE_SIZE} px (Pillow with libjpeg's DCT-domain downscaling, on "
         f"{available_cores()} threads); one epoch of a width-16 classifier streamed from the shards "
         "(data_on_device_max_mb 0, 2 workers) and, at N, in memory.", "",
-        table(["images", "run", "seconds", "images/s or samples/s", "peak RSS MB", "children's peak RSS MB"], rows),
-        "", "Peak RSS is the process's own (`ru_maxrss`); a child's (the DataLoader workers) counts the pages it shared "
+        table(["images", "run", "seconds", "images/s or samples/s", "peak RSS MB", "children's peak RSS MB"],
+              rows), "",
+        "Peak RSS is the process's own (`ru_maxrss`); a child's (the DataLoader workers) counts the pages it shared "
         "with the parent when forked. Training samples/s include the first steps' warm-up.", "",
         table(["figure", "measured", "target"], [
             ["prepare peak RSS, 8N / N", fmt(headline["prepare_rss_8n_over_n"], "x"), "<= 1.3"],

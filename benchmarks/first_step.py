@@ -6,8 +6,8 @@ Writes wall-clock timestamps (time.time()) to the JSON file right after the firs
 when BENCH_EXIT_AFTER_FIRST_STEP=1 (the rest of the stage is not part of the cold start). Run to its end, the stage
 also leaves the end of its last optimizer step (`last_step_end`) and the start and end of its test-split evaluation
 (`test_eval_start`, `test_eval_end`: the `evaluate` call of trainlab.jobs.train; validation goes through the engine's
-own name for it) and the end of training (`fit_end`: the last epoch's validation done), written at exit. Only the standard library is imported before the stage, so the stage's own import
-order is what gets measured.
+own name for it) and the end of training (`fit_end`: the last epoch's validation done), written at exit. Only the
+standard library is imported before the stage, so the stage's own import order is what gets measured.
 """
 
 from __future__ import annotations

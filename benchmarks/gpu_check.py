@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 COPIED = ("stages", "trainlab", "pipelines", "benchmarks", "data", "params.yaml", "dvc.yaml", "pyproject.toml")
 # GPU_CHECK_STAGES=prepare,train_classifier runs only those stages (a quicker rehearsal on a CPU)
 STAGES_ENV = "GPU_CHECK_STAGES"
-# GPU_CHECK_TINY=1 runs them with the tiny params of the pipeline tests (benchmarks/tiny.py): a rehearsal of the mechanics
+# GPU_CHECK_TINY=1 runs them with the tiny params of the pipeline tests (benchmarks/tiny.py): a rehearsal of the
+# mechanics
 TINY_ENV = "GPU_CHECK_TINY"
 # After the pipeline, `python -m trainlab.verify models/<task> --epochs N` twice per trained model: is CUDA training
 # bitwise repeatable here? (0: the whole runs; the default, one epoch, keeps the part within its cap)
@@ -166,7 +167,8 @@ def _header(out: Path) -> list[str]:
 
 
 def _parts(out: Path) -> list[str]:
-    records = [json.loads(p.read_text()) for p in sorted((out / "parts").glob("*.json"))] if (out / "parts").exists() else []
+    records = ([json.loads(p.read_text()) for p in sorted((out / "parts").glob("*.json"))]
+               if (out / "parts").exists() else [])
     if not records:
         return []
     order = {name: i for i, name in enumerate(PART_ORDER)}
@@ -179,16 +181,16 @@ def _parts(out: Path) -> list[str]:
     return lines + [""]
 
 
-PART_ORDER = ("tests_graphs", "tests_sync", "tests_compile", "tests_engine", "bench_classifier", "bench_mfu", "pipeline",
-              "bench_text", "bench_segmenter")  # gpu_parts.plan's order
+PART_ORDER = ("tests_graphs", "tests_sync", "tests_compile", "tests_engine", "bench_classifier", "bench_mfu",
+              "pipeline", "bench_text", "bench_segmenter")  # gpu_parts.plan's order
 
 
 def _pipeline(out: Path) -> list[str]:
     pipe = _load(out / "pipeline.json")
     if not pipe:
         return []
-    lines = ["## Default pipeline (tracking off, no DVC)", "", "| stage | exit | wall s | training s | precision, batch |",
-             "|---|---|---|---|---|"]
+    lines = ["## Default pipeline (tracking off, no DVC)", "",
+             "| stage | exit | wall s | training s | precision, batch |", "|---|---|---|---|---|"]
     for r in pipe["stages"]:
         train = f"{r['train_s']:.1f}" if r.get("train_s") is not None else "–"
         lines.append(f"| {r['stage']} | {r['exit']} | {r['wall_s']:.1f} | {train} | {r.get('setting') or ''} |")
@@ -218,7 +220,8 @@ def _training(out: Path) -> list[str]:
     if not files:
         return []
     lines = ["## Training throughput (samples/s, medians)", "",
-             "| model | engine | plain | Lightning | bare eager | bare graph | engine / each | engine precision, batch |",
+             "| model | engine | plain | Lightning | bare eager | bare graph | engine / each "
+             "| engine precision, batch |",
              "|---|---|---|---|---|---|---|---|"]
     for speed in files:
         results = speed.get("results", {})
@@ -246,8 +249,8 @@ def _mfu(out: Path) -> list[str]:
     files = _bench_files(out, "mfu")
     if not files:
         return []
-    lines = ["## Training step (params.yaml recipe)", "", "| step | dtype | batch | CUDA graph | ms | samples/s | MFU |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["## Training step (params.yaml recipe)", "",
+             "| step | dtype | batch | CUDA graph | ms | samples/s | MFU |", "|---|---|---|---|---|---|---|"]
     for mfu in files:
         results = mfu.get("results", {})
         if "error" in results:
@@ -337,7 +340,8 @@ def run(argv: list[str]) -> int:
         wanted = args.only.split(",")
         unknown = sorted(set(wanted) - {p.name for p in parts})
         if unknown:
-            parser.error(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(p.name for p in parts)}")
+            parser.error(f"--only: unknown part(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(p.name for p in parts)}")
         parts = [p for p in parts if p.name in wanted]
     started = time.monotonic()
     records = gpu_parts.run_parts(args.out, parts, args.budget, serial=args.serial)

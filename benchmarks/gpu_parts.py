@@ -79,8 +79,8 @@ def plan(out: Path, device: str, quick: bool, cap_scale: float = 1.0) -> list[Pa
 
 
 # Caps in seconds on the GPU machine, from the CPU rehearsal's times and the GPU's known step times (README).
-CAPS = {"tests_graphs": 50, "tests_sync": 50, "tests_compile": 50, "tests_engine": 50, "bench_classifier": 50, "bench_mfu": 40,
-        "pipeline": 120, "bench_text": 30, "bench_segmenter": 30}
+CAPS = {"tests_graphs": 50, "tests_sync": 50, "tests_compile": 50, "tests_engine": 50, "bench_classifier": 50,
+        "bench_mfu": 40, "pipeline": 120, "bench_text": 30, "bench_segmenter": 30}
 CONCURRENT = tuple(TEST_GROUPS)  # correctness only: they may share the machine
 
 

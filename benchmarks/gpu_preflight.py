@@ -72,7 +72,8 @@ def torch_apis() -> dict[str, bool]:
     checks = {p: has(p) for p in (
         "torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.CUDAGraph.register_generator_state",
         "torch.cuda.set_sync_debug_mode", "torch.cuda.Stream", "torch.amp.GradScaler", "torch.compile",
-        "torch.export.export", "torch.utils.flop_counter.FlopCounterMode", "torch.nn.functional.scaled_dot_product_attention",
+        "torch.export.export", "torch.utils.flop_counter.FlopCounterMode",
+        "torch.nn.functional.scaled_dot_product_attention",
         "torch.backends.cuda.matmul", "torch.utils.deterministic", "torch.cuda.memory._record_memory_history",
         "torch.backends.cpu.get_cpu_capability", "torch.profiler.profile")}
     try:
@@ -156,7 +157,8 @@ def import_entry_modules(site: Path, timeout: float = 60) -> tuple[list[str], li
             "for f in (embedded.mnist_5k_path, embedded.tweets_path):\n"
             "    try:\n        f()\n"
             "    except Exception as e:\n"
-            "        bad.append([f.__name__, type(e).__name__, str(e), e.__cause__ and getattr(e.__cause__, 'name', None)])\n"
+            "        bad.append([f.__name__, type(e).__name__, str(e),"
+            " e.__cause__ and getattr(e.__cause__, 'name', None)])\n"
             "print(json.dumps(bad))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         x for x in (str(REPO), str(site), os.environ.get("PYTHONPATH", "")) if x)}

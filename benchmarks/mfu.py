@@ -347,9 +347,10 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["## MFU of the engine's training step (and the hand-written reference steps)", "", table(header, rows), "",
              (f"Peak: square {results['peak_size']}² matmul in the same dtype (trainlab.profiling.matmul_peak_flops), "
               "timed alternately with the steps: the median of as many single matmuls as fill a step timing; 'best "
-              "peak seen' is the highest of all peak measurements, sweep included. FLOPs: trainlab.profiling.flops_per_step (matmuls, "
-              "convolutions, attention; forward + backward, the optimizer's elementwise update not counted). The "
-              "step is the engine's (trainlab.profiling.throughput.make_steps: trainlab.engine.step.TrainStep, a CUDA graph where "
+              "peak seen' is the highest of all peak measurements, sweep included. FLOPs: "
+              "trainlab.profiling.flops_per_step (matmuls, convolutions, attention; forward + backward, the "
+              "optimizer's elementwise update not counted). The step is the engine's "
+              "(trainlab.profiling.throughput.make_steps: trainlab.engine.step.TrainStep, a CUDA graph where "
               "base.cuda_graphs allows) with params.yaml's recipe (augmentation, grad clipping, label smoothing) and "
               "precision auto as the training stage settles it. `[bare eager]` and `[bare graph]`: the same recipe "
               "written by hand (benchmarks/bare.py), eager or captured as one CUDA graph (CUDA only). "

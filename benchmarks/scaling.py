@@ -122,7 +122,9 @@ def markdown(data: dict[str, Any]) -> str:
     rows = [[bs, fmt(r["engine_samples_per_s"]), fmt(r["fp32_samples_per_s"]), fmt(r["ratio"], "x"),
              f"{fmt(r['engine_spread'], 'pct')} / {fmt(r['fp32_spread'], 'pct')}"]
             for bs, r in sweep["by_batch_size"].items()]
-    lines = ["## Scaling", "", "Classifier training step (trainlab.profiling.throughput.make_steps, the comparison's recipe) by batch size:",
+    lines = ["## Scaling", "",
+             "Classifier training step (trainlab.profiling.throughput.make_steps, the comparison's recipe) "
+             "by batch size:",
              "",
              table(["batch", f"engine ({precision}, channels_last) samples/s", "fp32, NCHW samples/s",
                     "ratio", "spread (engine / fp32)"], rows), ""]
@@ -134,7 +136,8 @@ def markdown(data: dict[str, Any]) -> str:
         rows = [[n.replace("_", " "), reps[0]["threads_per_process"] if reps else "–", fmt(ddp["median"][n]),
                  fmt(ddp["spread"][n], "pct"), fmt(reps[0]["launch_wall_s"] if reps else None, "s")]
                 for n, reps in (("1_process", one), ("2_process", two))]
-        lines += ["Engine training of the classifier on the CPU, 1 vs 2 DDP processes (torchrun, gloo), same global batch:",
+        lines += ["Engine training of the classifier on the CPU, 1 vs 2 DDP processes (torchrun, gloo), "
+                  "same global batch:",
                   "", table(["processes", "threads each", "samples/s (median)", "spread", "launch wall (first)"], rows),
                   "", (f"2 processes / 1 process: {fmt(ddp['two_over_one']['ratio_of_medians'], 'x')} (scaling "
                        f"efficiency {fmt(ddp['scaling_efficiency'], 'pct')} of linear).")]

@@ -46,10 +46,10 @@ def params_for(root: Path, overrides: dict[str, Any]):
 
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the segmenter of `params` on the prepared folder; test per-class IoU/Dice and the training time."""
-    from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine.loop import evaluate, FitOptions, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
+    from trainlab.data.prepared import load_meta, load_split
+    from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.jobs.train import build_trainable
 
     meta = load_meta(folder)
@@ -81,8 +81,8 @@ def verdict(figures: dict[str, Any]) -> str:
 
 
 def measure(images: int, size: int, contenders: dict[str, dict[str, Any]], seed: int = 42) -> dict[str, Any]:
-    from trainlab.jobs.prepare import prepare_segmentation
     from trainlab.data.thin_structures import write_paired_folders
+    from trainlab.jobs.prepare import prepare_segmentation
 
     out: dict[str, Any] = {"images": images, "size": size, "contenders": {}}
     with tempfile.TemporaryDirectory(prefix="thin-structures-") as tmp:

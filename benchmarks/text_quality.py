@@ -65,10 +65,10 @@ def prepare(corpus: str, folder: Path, params) -> dict[str, Any]:
 
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the text model of `params` on the prepared folder (no checkpoint, no tracking); test metrics and time."""
-    from trainlab.data.prepared import load_meta, load_split
-    from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
+    from trainlab.data.prepared import load_meta, load_split
+    from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.jobs.train import build_trainable
     from trainlab.tasks import get
 
@@ -85,7 +85,8 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
                      options=FitOptions(eval_batch_size=2 * cfg.batch_size))
     task, chosen = get("text").load().choose_model(task, result)  # as the training stage does
     test = scalars(evaluate(task, result.model, splits["test"], runtime, 2 * cfg.batch_size))
-    return {"accuracy": test["accuracy"], "macro_f1": test["macro_f1"], "train_time_s": statistics_s + result.train_time_s,
+    return {"accuracy": test["accuracy"], "macro_f1": test["macro_f1"],
+            "train_time_s": statistics_s + result.train_time_s,
             "epochs": len(result.history), "best_val_accuracy": max(r["val_accuracy"] for r in result.history),
             "val_accuracy": result.history[-1]["val_accuracy"], "params": result.params_total, "chosen": chosen}
 

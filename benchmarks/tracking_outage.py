@@ -1,5 +1,6 @@
-"""The MLflow server killed 10 s into a classifier training (once its run is open) and back at 40 s: wall time and the run's content against
-an undisturbed run of the same params. `python -m benchmarks.tracking_outage [--epochs 24] [--kill-at 10 --back-at 40]`
+"""The MLflow server killed 10 s into a classifier training (once its run is open) and back at 40 s: wall time and
+the run's content against an undisturbed run of the same params.
+`python -m benchmarks.tracking_outage [--epochs 24] [--kill-at 10 --back-at 40]`
 """
 
 from __future__ import annotations

@@ -302,8 +302,8 @@ def bare_contender(setup: ModelSetup, data: TaskData, runtime, graph: bool):
     import torch
 
     from benchmarks.bare import bare_step
-    from trainlab.engine.optim import warmup_cosine
     from trainlab.core.repro import generator
+    from trainlab.engine.optim import warmup_cosine
 
     def run(repeat: int, warm: bool) -> dict[str, Any]:
         if graph and runtime.device.type != "cuda":

@@ -12,8 +12,8 @@ from typing import Any
 from pipelines.dag import find_root
 from pipelines.overrides import validated_params
 from pipelines.runs import child_runs, tracking_uri
-from trainlab.core.cli import command_parser, run_cli
 from trainlab import tasks
+from trainlab.core.cli import command_parser, run_cli
 from trainlab.core.errors import UserError
 from trainlab.tracking.registry import CHAMPION, model_name
 from trainlab.tracking.uri import mlflow_client

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 class DvcCommandError(Exception):
     """A DVC command failed for a reason that is not the stage's own (lock held, I/O, ...): worth a retry."""
 

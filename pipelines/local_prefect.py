@@ -1,4 +1,5 @@
-"""A local `prefect server start` for commands that need a scheduler: reuse one on 127.0.0.1, or start one and stop it."""
+"""A local `prefect server start` for commands that need a scheduler: reuse one on 127.0.0.1, or start one and stop
+it."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def started_server(port: int, log: Callable[[str], None]) -> Iterator[subprocess
     api_url = f"http://{HOST}:{port}/api"
     logfile = Path(tempfile.mkstemp(prefix="prefect-server-", suffix=".log")[1])
     prefect = Path(sys.executable).with_name("prefect")
-    command = [str(prefect) if prefect.exists() else "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    command = [str(prefect) if prefect.exists() else "prefect", "server", "start", "--host", "127.0.0.1",
+               "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     log(f"starting a local Prefect server (`{' '.join(command[-6:])}`, log {logfile}); it stops when this does")

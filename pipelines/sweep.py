@@ -21,13 +21,13 @@ from prefect.tasks import exponential_backoff
 from pipelines import overrides as ov
 from pipelines.dag import StageInfo, find_root, read_stages, select
 from pipelines.dvc_cli import run_dvc, stage_env
-from pipelines.experiment import ExperimentRun, experiment_run
 from pipelines.execute import (
     is_transient,
     parse_repro_log,
     read_key_metrics,
     stage_failure,
 )
+from pipelines.experiment import ExperimentRun, experiment_run
 from pipelines.runs import (
     log_summary,
     parent_run,
@@ -169,7 +169,8 @@ def check_deployment(deployment: str) -> None:
     from prefect.exceptions import ObjectNotFound
 
     if deployment.count("/") != 1 or not all(deployment.split("/")):
-        raise ParamsError(f"--deployment {deployment!r}: give it as FLOW/DEPLOYMENT, e.g. {POINT_FLOW_NAME}/sweep-point")
+        raise ParamsError(f"--deployment {deployment!r}: give it as FLOW/DEPLOYMENT, "
+                          f"e.g. {POINT_FLOW_NAME}/sweep-point")
     try:
         with get_client(sync_client=True) as client:
             client.read_deployment_by_name(deployment)

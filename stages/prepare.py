@@ -9,8 +9,8 @@ from typing import Any
 
 from trainlab.core.atomic import atomic_dir, write_json
 from trainlab.core.cli import run_cli
-from trainlab.jobs.stage_cli import stage_params, stage_parser
 from trainlab.core.config import Params
+from trainlab.jobs.stage_cli import stage_params, stage_parser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,8 +34,8 @@ def run_params(params: Params) -> dict[str, Any]:
 def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
-    from trainlab.jobs.prepare import prepare_all
     from trainlab.core.flatten import numbers
+    from trainlab.jobs.prepare import prepare_all
     from trainlab.tracking.runs import start_run
 
     started = time.perf_counter()

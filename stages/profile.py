@@ -10,7 +10,6 @@ from trainlab.jobs.stage_cli import stage_params, stage_parser
 from trainlab.tasks import names
 
 
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = stage_parser("python -m stages.profile", __doc__)
     parser.add_argument("data_dir", type=Path, help="prepared data root (classification/, segmentation/, text/)")

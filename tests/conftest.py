@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -92,9 +95,6 @@ from tests.pipelines.conftest import (  # noqa: E402
     prefect_env,
     stop_process_group,
 )
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
 
 
 @pytest.fixture(scope="session")

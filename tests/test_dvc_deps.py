@@ -118,7 +118,8 @@ def test_a_change_to_one_task_does_not_rerun_another_tasks_training():
         runs = closure(stage_modules(spec.stage, STAGES[spec.stage]["cmd"]))
         others = {Path(*other.code.split(".")).with_suffix(".py") for other in tasks.REGISTRY.values()
                   if other is not spec}
-        others |= {Path("trainlab/models", f"{other.name}.py") for other in tasks.REGISTRY.values() if other is not spec}
+        others |= {Path("trainlab/models", f"{other.name}.py") for other in tasks.REGISTRY.values()
+                   if other is not spec}
         assert not runs & others, f"{spec.stage} runs another task's code: {sorted(map(str, runs & others))}"
 
 

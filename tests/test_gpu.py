@@ -8,11 +8,11 @@ import torch
 
 from tests.engine.test_loop import CFG, assert_bitwise_equal, make_trainable, stop_after_updates, tiny_data, weights
 from trainlab.core.config import BaseParams, SegmenterParams, TextParams
+from trainlab.core.repro import seed_everything
+from trainlab.core.runtime import resolve_runtime
 from trainlab.engine.loop import FitHooks, FitOptions, evaluate, fit, scalars
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model
-from trainlab.core.repro import seed_everything
-from trainlab.core.runtime import resolve_runtime
 from trainlab.tasks.segmenter import segmentation_trainable
 
 pytestmark = [pytest.mark.gpu,

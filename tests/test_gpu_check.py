@@ -141,7 +141,8 @@ def test_a_wheel_pip_refuses_or_a_broken_file_costs_only_itself(tmp_path, monkey
         with zipfile.ZipFile(tmp_path / ".whl" / f"{name}-1.0-{tag}.whl", "w") as archive:
             archive.writestr(f"{name}/__init__.py", "")
             archive.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-            archive.writestr(f"{dist}/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
+            archive.writestr(f"{dist}/WHEEL",
+                             f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
             archive.writestr(f"{dist}/RECORD", "")
 
     (tmp_path / ".whl").mkdir()

@@ -12,8 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.factories import (BIN, CHECKPOINT, CLASSIFIER_ARGS, mid_epoch_checkpoint, run_env, run_stage,
-                                         start, stop_group, tiny_params, wait_until, write_params)
+from tests.reliability.factories import (
+    BIN,
+    CHECKPOINT,
+    CLASSIFIER_ARGS,
+    mid_epoch_checkpoint,
+    run_env,
+    run_stage,
+    start,
+    stop_group,
+    tiny_params,
+    wait_until,
+    write_params,
+)
 from trainlab.engine.trail import PERTURB_ENV
 
 # About 27 optimizer steps an epoch, 3 epochs, a checkpoint every 5 steps (so a kill lands between two).
@@ -133,8 +144,8 @@ def test_missing_data_is_could_not_rerun(trained, tmp_path):
 @pytest.mark.slow
 def test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock(tmp_path):
     """The tiny pipeline reproduced in a copy: every output identical to the committed dvc.lock but the profile's."""
-    from tests.reliability.factories import dvc, git, make_dvc_repo
     from benchmarks.tiny import TINY_PARAMS
+    from tests.reliability.factories import dvc, git, make_dvc_repo
 
     repo = make_dvc_repo(tmp_path / "repo", tiny_params(TINY_PARAMS))
     first = dvc(["repro"], repo)

@@ -12,7 +12,8 @@ from trainlab.core.config import DEFAULT_PARAMS, Params, load_params
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = command_parser(prog="python -m trainlab.predict", description="Predict raw images or texts with a "
-                            "trained model (a models/<name>/ folder or an MLflow model URI); the outputs go into --out.")
+                            "trained model (a models/<name>/ folder or an MLflow model URI); the outputs go into "
+                            "--out.")
     parser.add_argument("model", help="a model folder (models/classifier) or an MLflow model URI "
                         "(models:/trainlab-text@champion, models:/trainlab-text/3, runs:/<run id>/text)")
     parser.add_argument("inputs", nargs="*", help="image files, folders and globs (image models); CSV/TSV files "

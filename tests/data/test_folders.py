@@ -312,7 +312,8 @@ def test_binary_0_255_masks_become_0_1(tmp_path):
 def test_0_255_masks_with_many_classes_say_how_to_fix(tmp_path):
     root = make_paired_folders(tmp_path / "seg", count=10)
     save_png(root / "masks" / "img_03.png", np.full((16, 16), 255, np.uint8))
-    with pytest.raises(DataError, match=r"img_03\.png: mask values \[255\] outside the classes 0\.\.10.*num_classes: 2"):
+    with pytest.raises(DataError,
+                       match=r"img_03\.png: mask values \[255\] outside the classes 0\.\.10.*num_classes: 2"):
         prepare_masks(tmp_path, root, num_classes=11)
 
 

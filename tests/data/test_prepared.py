@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from trainlab.data.prepared import (load_jsonl, load_meta, load_split, save_jsonl, save_meta, save_split,
-                                    split_path)
 from trainlab.core.errors import DataError
+from trainlab.data.prepared import load_jsonl, load_meta, load_split, save_jsonl, save_meta, save_split, split_path
 
 
 def tensors():

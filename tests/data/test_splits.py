@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from trainlab.data.splits import require_every_class, train_val_test_split
 from trainlab.core.errors import DataError
+from trainlab.data.splits import require_every_class, train_val_test_split
 
 LABELS = np.repeat(np.arange(4), 50)
 

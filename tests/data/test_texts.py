@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tests.data.factories import make_text_csv
-from trainlab.data.texts import clean_texts, read_labeled_texts, sorted_class_names
 from trainlab.core.errors import DataError
+from trainlab.data.texts import clean_texts, read_labeled_texts, sorted_class_names
 
 
 def test_csv_with_chosen_columns(tmp_path):

@@ -1,4 +1,5 @@
-"""The synthetic thin-structure set: deterministic, thin boundaries, darker than the cells, written as paired folders."""
+"""The synthetic thin-structure set: deterministic, thin boundaries, darker than the cells, written as paired
+folders."""
 
 import numpy as np
 
@@ -33,4 +34,5 @@ def test_written_as_paired_folders_that_load_back(tmp_path):
     read = [SegmentationInput(ImagePolicy(1, 48, 48)).pair(image, mask, 2) for image, mask in index.pairs]
     images, masks = thin_structure_set(3, 48, seed=0)
     assert index.class_names == CLASS_NAMES
-    assert np.array_equal(np.stack([i for i, _ in read]), images) and np.array_equal(np.stack([m for _, m in read]), masks)
+    assert np.array_equal(np.stack([i for i, _ in read]), images)
+    assert np.array_equal(np.stack([m for _, m in read]), masks)

@@ -3,9 +3,17 @@
 import pytest
 import torch
 
-from trainlab.data.tokenizer import (AUTO_LENGTH_CAP, CLS_ID, PAD_ID, UNK_ID, Tokenizer, auto_max_length,
-                                     split_tokens, token_name)
 from trainlab.core.errors import DataError
+from trainlab.data.tokenizer import (
+    AUTO_LENGTH_CAP,
+    CLS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    auto_max_length,
+    split_tokens,
+    token_name,
+)
 
 
 def test_normalises_urls_mentions_and_hashtags():
@@ -78,7 +86,7 @@ def test_options_survive_the_json_round_trip(tmp_path):
     assert torch.equal(again.encode(["A b C"]), tok.encode(["A b C"]))
 
 
-# data.text.max_length auto ----------------------------------------------------------------------------------------------
+# data.text.max_length auto ---------------------------------------------------------------------------------------
 
 def test_auto_max_length_is_the_99th_percentile_rounded_up_to_a_multiple_of_8():
     lengths = [10] * 199 + [37]  # the 99th percentile (method "higher": a length some text has) is 10

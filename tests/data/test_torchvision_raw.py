@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.data.factories import make_fake_mnist
-from trainlab.data.torchvision_raw import load_official_splits
 from trainlab.core.errors import DataError
+from trainlab.data.torchvision_raw import load_official_splits
 
 
 def test_mnist_idx_files(tmp_path):

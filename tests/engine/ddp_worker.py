@@ -10,10 +10,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from trainlab.core import distributed
 from trainlab.core.config import BaseParams, DistributedParams, TrainParams
-from trainlab.engine.loop import fit
-from trainlab.engine.contract import Trainable
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
+from trainlab.engine.contract import Trainable
+from trainlab.engine.loop import fit
 
 
 def main(out: str) -> None:

@@ -10,11 +10,11 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainlab.core.config import BaseParams, TrainParams
-from trainlab.engine.loop import FitHooks, FitOptions, TrainingInterrupted, evaluate, fit, scalars
-from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError, TrainingDiverged
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import resolve_runtime
+from trainlab.engine.contract import Trainable
+from trainlab.engine.loop import FitHooks, FitOptions, TrainingInterrupted, evaluate, fit, scalars
 from trainlab.tasks.augment import random_shift
 
 

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 
 from trainlab.core.config import ClassifierParams
 from trainlab.core.errors import CheckpointError
-from trainlab.models.init import count_parameters
 from trainlab.models.classifier import backbone_parameters, build_classifier
+from trainlab.models.init import count_parameters
 from trainlab.tasks import build_from_config
 
 TV_ARCHS = ["resnet18", "mobilenet_v3_small", "efficientnet_b0"]

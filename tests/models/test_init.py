@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 from trainlab.core.config import SegmenterParams, TextParams
-from trainlab.models.init import count_parameters
-from trainlab.models.init import init_weights
+from trainlab.models.init import count_parameters, init_weights
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model
 

@@ -8,9 +8,9 @@ import json
 import torch
 
 from trainlab.core.config import TextParams
+from trainlab.models.ngram_bag import NBNgramBag, NgramBag, log_count_ratios, ngram_ids
 from trainlab.models.text import build_text_model
 from trainlab.tasks import build_from_config
-from trainlab.models.ngram_bag import NBNgramBag, NgramBag, log_count_ratios, ngram_ids
 
 PAD, CLS, VOCAB, MAX_LEN = 0, 2, 50, 16
 

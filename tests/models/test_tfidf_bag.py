@@ -11,10 +11,10 @@ import pytest
 import torch
 from sklearn.feature_extraction.text import TfidfTransformer, TfidfVectorizer
 
+from tests.models.test_ngram_bag import assert_random_only_in_training
 from trainlab.core.config import TextParams
 from trainlab.models.text import build_text_model
 from trainlab.models.tfidf_bag import CHAR_SLOTS, TfidfBag, char_ngram_table, char_ngrams
-from tests.models.test_ngram_bag import assert_random_only_in_training
 
 PAD, CLS = 0, 2
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "good", "bad", "movie", "not", "goodness", "a"]

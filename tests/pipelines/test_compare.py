@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.compare import (CHAMPION, champion_version, collect_runs, format_table, main, model_name, promote,
-                               promote_new_models)
+from pipelines.compare import (
+    CHAMPION,
+    champion_version,
+    collect_runs,
+    format_table,
+    main,
+    model_name,
+    promote,
+    promote_new_models,
+)
 from trainlab.core.cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")

@@ -98,7 +98,8 @@ def test_sweep_points_run_on_a_work_pool_by_its_worker(first_pipeline_run, tiny_
     # the worker ran them: two completed flow runs of the deployment, named after the points
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(f"{POINT_FLOW_NAME}/sweep-point")
-        flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+        flow_runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
     assert deployment.work_pool_name == "sweep-pool"
     assert sorted(r.name for r in flow_runs if r.state.is_completed()) == ["pooled-01", "pooled-02"]
 

@@ -10,8 +10,15 @@ import yaml
 from pipelines import overrides as ov
 from pipelines.dag import DagError, read_stages, select
 from pipelines.dvc_cli import CommandResult, stage_env
-from pipelines.execute import (PermanentStageError, TransientStageError, describe_changes, is_transient,
-                               parse_repro_log, read_key_metrics, stage_failure)
+from pipelines.execute import (
+    PermanentStageError,
+    TransientStageError,
+    describe_changes,
+    is_transient,
+    parse_repro_log,
+    read_key_metrics,
+    stage_failure,
+)
 from pipelines.flow import summary_table
 from pipelines.runs import stage_run_env, tracking_uri
 from tests.pipelines.conftest import REPO

@@ -14,14 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab.core.config import BaseParams, ClassifierParams, Params, TrainParams
+from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.profiling.flops import count_flops, flops_per_step
 from trainlab.profiling.memory import PeakMemory
-from trainlab.profiling.peaks import datasheet_peak_flops, matmul_peak_flops
-from trainlab.profiling.throughput import make_steps, measure_steps, setting_name, settings_matrix, time_step
-from trainlab.profiling.peaks import datasheet_peak_for_name
+from trainlab.profiling.peaks import datasheet_peak_flops, datasheet_peak_for_name, matmul_peak_flops
 from trainlab.profiling.report import DeviceProfile, ModelProfile, markdown_report, metrics_dict
+from trainlab.profiling.throughput import make_steps, measure_steps, setting_name, settings_matrix, time_step
 from trainlab.profiling.traces import trace_step
-from trainlab.core.runtime import Runtime, resolve_runtime
 
 
 def cpu_runtime(**changes) -> Runtime:

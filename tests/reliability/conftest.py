@@ -63,7 +63,8 @@ def reference(tmp_path_factory, prepared) -> Path:
 
 # --- four training processes logging at once to the default SQLite store ------------------------------------------
 
-SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-SECRET-do-not-log-7f3a", "MLFLOW_TRACKING_PASSWORD": "mlflow-PASSWORD-do-not-log-91c2",
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-SECRET-do-not-log-7f3a",
+           "MLFLOW_TRACKING_PASSWORD": "mlflow-PASSWORD-do-not-log-91c2",
            "TRAINLAB_TEST_API_TOKEN": "api-TOKEN-do-not-log-55e0"}
 URL_PASSWORD = "url-PASSWORD-do-not-log-c0de"
 CONCURRENT = 4

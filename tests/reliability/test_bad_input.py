@@ -99,7 +99,8 @@ def test_every_stage_rejects_bad_params_the_same_way(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     argv = {"stages.prepare": ["data/prepared", "reports/data_stats.json"],
             "stages.evaluate": ["data/prepared", "models", "reports/evaluate"],
-            "stages.train_text": ["data/prepared/x", "models/x", "reports/x", "--baseline", "models/b/baseline.json"]}.get(
+            "stages.train_text": ["data/prepared/x", "models/x", "reports/x",
+                                  "--baseline", "models/b/baseline.json"]}.get(
         module, ["data/prepared/x", "models/x", "reports/x"])
     code, err = run_in_process(main, argv, capsys)
     assert code == 2 and "base.seeed (params.yaml:" in err and "did you mean 'base.seed'?" in err
@@ -160,7 +161,8 @@ BAD_DATA = {
     "mismatched-lengths": (_edit_split("train", _drop_labels),
                            r"classification/train\.safetensors: 3500 images but 3495 labels; they must match"),
     "label-outside-classes": (_edit_split("train", _bad_label),
-                              r"classification/train\.safetensors: labels 0\.\.10 outside the 10 classes of .*meta\.json"),
+                              r"classification/train\.safetensors: labels 0\.\.10 outside the 10 classes "
+                              r"of .*meta\.json"),
     "meta-class-count-mismatch": (_edit_meta(num_classes=5),
                                   r"classification/train\.safetensors: labels 0\.\.9 outside the 5 classes"),
     "meta-channels-mismatch": (_edit_meta(channels=3),
@@ -257,8 +259,8 @@ def test_resume_checkpoint_that_does_not_fit_the_model_exit_4(tmp_path, prepared
     from stages.train_classifier import main
     from trainlab.core.config import Params
     from trainlab.engine.checkpoint import save_checkpoint
-    from trainlab.models.classifier import build_classifier
     from trainlab.jobs.train import fingerprint
+    from trainlab.models.classifier import build_classifier
 
     params = tiny_params()
     ws = make_workspace(tmp_path / "ws", prepared, params)
@@ -311,8 +313,8 @@ def _other_architecture(models: Path) -> str:
 
 def _other_class_count(models: Path) -> str:
     from trainlab.core.config import ClassifierParams
-    from trainlab.models.classifier import build_classifier
     from trainlab.jobs.train import save_model
+    from trainlab.models.classifier import build_classifier
 
     save_model(build_classifier(ClassifierParams(width=8), num_classes=5, in_channels=1), models / "classifier",
                extra_json={"info.json": {"task": "classifier"}})

@@ -1,4 +1,5 @@
-"""Faults: `kill -9` mid-epoch under `dvc repro`, SIGINT/SIGTERM, NaN/inf loss; resume is exact, outputs never half-written."""
+"""Faults: `kill -9` mid-epoch under `dvc repro`, SIGINT/SIGTERM, NaN/inf loss; resume is exact, outputs never
+half-written."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_kill_9_mid_epoch_then_dvc_repro_resumes_bitwise_equal(tmp_path, prepare
     proc = start([str(BIN / "dvc"), "repro", "train_classifier"], repo, log)
     try:
         # in the second epoch, between two checkpoints: neither at an epoch end nor at the start
-        state = wait_until(mid_epoch_checkpoint(repo / CHECKPOINT, min_epoch=1), proc, log, what="a mid-epoch checkpoint")
+        state = wait_until(mid_epoch_checkpoint(repo / CHECKPOINT, min_epoch=1), proc, log,
+                           what="a mid-epoch checkpoint")
     finally:
         stop_group(proc, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
@@ -71,8 +73,8 @@ def test_kill_9_mid_epoch_then_dvc_repro_resumes_bitwise_equal(tmp_path, prepare
     assert rerun.returncode == 0, output[-4000:]
     assert "Stage 'prepare' didn't change, skipping" in output
     assert "Running stage 'train_classifier'" in output
-    resumed = re.search(r"classifier: resuming from checkpoints/classifier/last\.pt at epoch (\d+), optimizer step (\d+)",
-                        output)
+    resumed = re.search(r"classifier: resuming from checkpoints/classifier/last\.pt at epoch (\d+), "
+                        r"optimizer step (\d+)", output)
     assert resumed and int(resumed[1]) == 2 and int(resumed[2]) >= state["update"], output[-3000:]
 
     assert (repo / "reports/classifier/metrics.json").read_bytes() == \

@@ -114,7 +114,8 @@ def assert_complete(client, run, epochs: int = EPOCHS) -> None:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(range(1, epochs + 1)), key
     assert {"test_accuracy", "test_loss", "params_total", "stage_time_s"} <= set(run.data.metrics)
     assert run.data.params["classifier.epochs"] == str(epochs) and "params_total" in run.data.params
-    assert {"environment.json", "history.csv", "model_files"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"environment.json", "history.csv", "model_files"} <= artifacts
     models = client.search_logged_models([run.info.experiment_id])
     assert [(m.name, str(m.status), m.source_run_id) for m in models] == [("classifier", "READY", run.info.run_id)]
     versions = client.search_model_versions("name = 'trainlab-classifier'")
@@ -179,16 +180,16 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     assert kept[-2:] == ["log_saved_model", "end_run"] and "log_metrics" in kept
 
     # the server is still down: the replay says so in one line, exit 6, and keeps everything
-    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 6 and "still unreachable" in proc.stderr and "Traceback" not in proc.stderr
     assert (spool / "calls.jsonl").exists()
 
     server.start()
     backup = tmp_path / "spool-copy"
     shutil.copytree(spool, backup)
-    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"logged {len(kept)} calls" in proc.stdout
     client, run = the_run(server.uri)
@@ -197,8 +198,8 @@ def test_server_gone_for_good_exit_6_with_outputs_then_replay_and_rerun_complete
     # idempotent: every call replayed a second time (as if the record of what was done were lost) lands nothing twice
     shutil.rmtree(spool)
     shutil.copytree(backup, spool)
-    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([PYTHON, "-m", "trainlab.tracking.replay"], cwd=ws, env=run_env(), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     client, run = the_run(server.uri)
     assert_complete(client, run)

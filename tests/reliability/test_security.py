@@ -137,7 +137,8 @@ def test_every_server_binds_to_127_0_0_1():
     bad = []
     for path in repo_files():
         rel = path.relative_to(REPO)
-        if path.suffix not in (".py", ".md", ".yaml", ".yml", ".toml", ".sh", "") or rel.parts[:2] == ("tests", "reliability"):
+        if (path.suffix not in (".py", ".md", ".yaml", ".yml", ".toml", ".sh", "")
+                or rel.parts[:2] == ("tests", "reliability")):
             continue
         if rel.parts[0] == "docs":  # the team-setup guide: servers other machines reach, "unless told otherwise"
             continue
@@ -169,7 +170,8 @@ SECRET_PATTERNS = {
     "Slack token": r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
     "Google API key": r"\bAIza[0-9A-Za-z_-]{35}\b",
     "credentials in a URL": r"[a-z][a-z0-9+.-]*://[^/\s:@'\"{}]+:[^/\s@'\"{}*]+@[a-z0-9.-]+",
-    "assigned secret": r"(?i)\b(password|passwd|secret_access_key|api_key|auth_token)\b\s*[:=]\s*[\"'][^\"'\s{}$]{6,}[\"']",
+    "assigned secret": (r"(?i)\b(password|passwd|secret_access_key|api_key|auth_token)\b\s*[:=]\s*"
+                        r"[\"'][^\"'\s{}$]{6,}[\"']"),
 }
 
 
@@ -234,11 +236,11 @@ def test_pickle_checkpoints_and_weights_are_refused_without_running_them(tmp_pat
     from stages.train_classifier import main
     from trainlab.core.cli import run_cli
     from trainlab.core.config import ClassifierParams
-    from trainlab.engine.checkpoint import load_checkpoint
     from trainlab.core.errors import CheckpointError
+    from trainlab.engine.checkpoint import load_checkpoint
+    from trainlab.jobs.train import save_model
     from trainlab.models.classifier import build_classifier
     from trainlab.tasks.saved import load_saved_model
-    from trainlab.jobs.train import save_model
 
     marker = tmp_path / "pwned"
     # 1. the loader itself

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.processes import NO_JOBS
 from pipelines.overrides import deep_merge
 from tests.data.factories import make_image_folder, make_paired_folders, make_text_csv, user_data_section
 from tests.pipelines.conftest import free_port, stop_process_group
-from benchmarks.processes import NO_JOBS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -13,17 +13,17 @@ import yaml
 
 from stages.evaluate import main
 from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams, load_params
+from trainlab.core.errors import CheckpointError, DataError
+from trainlab.core.runtime import resolve_runtime
 from trainlab.data.prepared import save_jsonl, save_meta, save_split
 from trainlab.data.tokenizer import Tokenizer
-from trainlab.core.errors import CheckpointError, DataError
 from trainlab.jobs.evaluate import load_inputs, output_files
-from trainlab.tasks.scoring import run_test_split
+from trainlab.jobs.train import save_model
 from trainlab.models.classifier import build_classifier
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model
-from trainlab.core.runtime import resolve_runtime
+from trainlab.tasks.scoring import run_test_split
 from trainlab.tracking.lineage import file_md5
-from trainlab.jobs.train import save_model
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = [str(d) for d in range(10)]

@@ -23,10 +23,10 @@ from tests.data.factories import (
     write_params,
 )
 from trainlab.core.cli import run_cli
-from trainlab.data.prepared import load_jsonl, load_meta, load_split
-from trainlab.data.tokenizer import Tokenizer
-from trainlab.data.sources import embedded_digit_splits
 from trainlab.core.errors import DataError
+from trainlab.data.prepared import load_jsonl, load_meta, load_split
+from trainlab.data.sources import embedded_digit_splits
+from trainlab.data.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,10 @@ import yaml
 
 from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams
 from trainlab.data.prepared import save_meta, save_split
+from trainlab.jobs.train import save_model
 from trainlab.models.classifier import build_classifier
 from trainlab.models.segmenter import build_segmenter
 from trainlab.models.text import build_text_model
-from trainlab.jobs.train import save_model
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("classifier", "segmenter", "text")

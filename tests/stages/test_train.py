@@ -128,7 +128,8 @@ def test_mlflow_run_params_metrics_and_registered_model(trained, name):
     assert run.info.status == "FINISHED"
     assert run.data.tags["stage"] == f"train_{name}"
     assert run.info.run_name.startswith(f"train_{name} ")  # the stage and the short commit, not a random name
-    assert run.data.tags["model_md5"] == record["model_md5"] == file_md5(trained / "models" / name / "model.safetensors")
+    assert (run.data.tags["model_md5"] == record["model_md5"]
+            == file_md5(trained / "models" / name / "model.safetensors"))
     folder = STAGES[name][1]
     inputs = {(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in run.inputs.dataset_inputs}
     assert inputs == {(f"{folder}/{split}", file_md5(trained / "data/prepared" / folder / f"{split}.safetensors"),
@@ -250,10 +251,10 @@ def test_two_trainings_with_the_same_params_in_one_folder_one_is_refused(trained
 def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_training(tmp_path):
     """train_text takes the TF-IDF figures from the text_baseline stage's baseline.json instead of refitting them;
     a missing file is a clear error naming it."""
-    from trainlab.tasks.text_baseline import read_baseline, write_baseline
     from trainlab.core.config import Params
     from trainlab.core.errors import DataError, ParamsError
     from trainlab.tasks.text import text_baseline
+    from trainlab.tasks.text_baseline import read_baseline, write_baseline
 
     data = tmp_path / "text"
     data.mkdir()

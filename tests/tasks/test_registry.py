@@ -17,7 +17,6 @@ from trainlab.engine.contract import Trainable
 from trainlab.tasks.base import TaskCode
 from trainlab.tasks.metrics import metric_collection
 
-
 # --- a toy fourth task: is x above y? two small-integer coordinates in, two classes out -------------------------
 
 def build_toy(cfg: ClassifierParams, num_classes: int) -> nn.Module:

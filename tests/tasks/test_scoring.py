@@ -8,14 +8,14 @@ import torch
 from torch import nn
 
 from trainlab.core.config import ClassifierParams
+from trainlab.core.flatten import numbers
 from trainlab.engine import metrics as engine_metrics
 from trainlab.engine.metrics import update_in_chunks
-from trainlab.core.flatten import numbers
+from trainlab.models.classifier import build_classifier
 from trainlab.tasks import get
 from trainlab.tasks.classifier import feature_layers, feature_maps
 from trainlab.tasks.metrics import class_metric_keys, classification_metrics, segmentation_metrics
 from trainlab.tasks.scoring import SHIFTS, confusion_rows, predict_logits, summarize
-from trainlab.models.classifier import build_classifier
 
 
 @pytest.fixture(scope="module", autouse=True)

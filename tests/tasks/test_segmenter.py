@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from trainlab.core.config import SegmenterParams
-from trainlab.models.segmenter import build_segmenter
-from trainlab.models.segmenter import window_starts
+from trainlab.models.segmenter import build_segmenter, window_starts
 from trainlab.tasks.augment import random_crop, random_symmetry
 from trainlab.tasks.metrics import class_metric_keys
 from trainlab.tasks.segmenter import segmentation_trainable
@@ -137,10 +136,10 @@ def test_learns_thin_structures_from_crops_of_a_few_images():
     """A small version of benchmarks/segmentation_quality: 12 training images, trained on crops with the dihedral
     symmetries, tested on whole unseen images; the boundary class must be found well beyond chance."""
     from trainlab.core.config import TrainParams
-    from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set
-    from trainlab.engine.loop import evaluate, FitOptions, fit, scalars
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import Runtime
+    from trainlab.data.thin_structures import CLASS_NAMES, thin_structure_set
+    from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
 
     images, masks = thin_structure_set(16, 64, seed=3)
     train = {"images": torch.from_numpy(images[:12]), "masks": torch.from_numpy(masks[:12])}
@@ -165,7 +164,8 @@ def test_soft_dice_loss_is_the_one_hot_formula_to_the_bit_and_near_zero_for_a_pe
 
     torch.manual_seed(0)
     masks = torch.randint(0, 5, (4, 12, 12))
-    for logits in (torch.randn(4, 5, 12, 12), torch.randn(4, 5, 12, 12).to(memory_format=torch.channels_last).bfloat16()):
+    for logits in (torch.randn(4, 5, 12, 12),
+                   torch.randn(4, 5, 12, 12).to(memory_format=torch.channels_last).bfloat16()):
         logits.requires_grad_()
         probs = logits.float().softmax(dim=1)
         onehot = F.one_hot(masks, 5).permute(0, 3, 1, 2).to(probs.dtype)

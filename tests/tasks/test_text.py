@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.jobs import pictures
 from trainlab.core.config import Params, TextParams
-from trainlab.jobs.prepare import prepare_segmentation, segmentation_symmetries
-from trainlab.data.thin_structures import write_paired_folders
 from trainlab.core.errors import DataError
+from trainlab.data.thin_structures import write_paired_folders
+from trainlab.jobs import pictures
+from trainlab.jobs.prepare import prepare_segmentation, segmentation_symmetries
 from trainlab.models.ngram_bag import log_count_ratios
 from trainlab.tasks.text import CODE, top_ngrams
 

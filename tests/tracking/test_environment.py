@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-PROBE = ("import trainlab.tracking; from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as v, "
+PROBE = ("import trainlab.tracking; "
+         "from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as v, "
          "MLFLOW_DISABLE_TELEMETRY as t; print(v.get(), t.get())")
 
 

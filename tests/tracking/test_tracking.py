@@ -18,15 +18,15 @@ import torch
 import yaml
 
 from benchmarks.processes import NO_JOBS
+from tests.tracking.conftest import client_for
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.provenance import git_state
-from trainlab.tracking.retry import retry as _retry
 from trainlab.tracking.lineage import data_hash
 from trainlab.tracking.queue import QueuedTracker, RunOpener, queued_run, start_run_in_background
+from trainlab.tracking.retry import retry as _retry
 from trainlab.tracking.runs import open_run, plan_run, start_run
 from trainlab.tracking.tracker import NullTracker, flatten_params
 from trainlab.tracking.uri import mlflow_client, resolve_tracking_uri
-from tests.tracking.conftest import client_for
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -190,7 +190,8 @@ def choose_policy(probes: Sequence[Probe], image_size: int | str, task: str, key
         return (ImagePolicy(channels, AUTO_PHOTO_SIZE, AUTO_PHOTO_SIZE, resize),
                 f"{AUTO_PHOTO_SIZE}: {what}, shorter side resized, centre square")
     if one_size and max(height, width) <= AUTO_SEGMENTATION_MAX:
-        return ImagePolicy(channels, height, width, KEEP), f"kept at their own resolution: every image is {height}x{width}"
+        return (ImagePolicy(channels, height, width, KEEP),
+                f"kept at their own resolution: every image is {height}x{width}")
     side = min(AUTO_SEGMENTATION_MAX, int(np.median([max(p.height, p.width) for p in probes])))
     what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"
     return (ImagePolicy(channels, side, side, STRETCH),

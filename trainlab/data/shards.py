@@ -116,7 +116,8 @@ class Column:
         entry = split.headers[0][name]
         self.row_shape = entry.shape[1:]
         self.np_dtype = np.dtype(DTYPES[entry.dtype])
-        self.torch_dtype = torch.bfloat16 if entry.dtype == "BF16" else torch.from_numpy(np.zeros(0, self.np_dtype)).dtype
+        self.torch_dtype = (torch.bfloat16 if entry.dtype == "BF16"
+                            else torch.from_numpy(np.zeros(0, self.np_dtype)).dtype)
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.np_dtype.itemsize
 
     def __len__(self) -> int:

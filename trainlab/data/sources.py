@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.core.config import DataParams
+from trainlab.core.errors import DataError
 from trainlab.data import canvases, embedded, folders, texts
-from trainlab.data.prepared import SPLITS
 from trainlab.data.bad_files import BadFiles
+from trainlab.data.prepared import SPLITS
 from trainlab.data.preprocessing import ImagePolicy
 from trainlab.data.splits import require_every_class, split_rng, stratified_split, train_val_test_split
-from trainlab.core.errors import DataError
 
 EMBEDDED_DIGITS_KEY = "mnist_5k"
 

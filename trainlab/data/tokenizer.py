@@ -1,8 +1,8 @@
 """A small word-level tokenizer: documented normalisation, a frequency vocabulary fitted on train texts, JSON on disk.
 
-Normalisation: lowercase (unless ``lowercase=False``); URLs become ``<url>``, @mentions ``<user>``, and a hashtag ``#word`` becomes
-``<hashtag> word``. Tokens: the placeholders, words (letters/digits/underscore, with inner apostrophes such as
-``don't``) and single punctuation or symbol characters.
+Normalisation: lowercase (unless ``lowercase=False``); URLs become ``<url>``, @mentions ``<user>``, and a hashtag
+``#word`` becomes ``<hashtag> word``. Tokens: the placeholders, words (letters/digits/underscore, with inner
+apostrophes such as ``don't``) and single punctuation or symbol characters.
 Vocabulary: [PAD]=0, [UNK]=1, [CLS]=2, then the tokens seen at least ``min_frequency`` times in the training
 texts, most frequent first, ties broken alphabetically, up to ``vocab_size`` entries in all.
 Encoding: [CLS] first, then the token ids, cut to ``max_length``, padded with [PAD]. A token outside the

@@ -52,7 +52,8 @@ def gzipped(path: Path) -> Path:
 
 
 def present(source: str, path: Path) -> Path | None:
-    """The file to read for an expected raw file: itself, or (MNIST-like idx files) its .gz beside it; None if neither."""
+    """The file to read for an expected raw file: itself, or (MNIST-like idx files) its .gz beside it; None if
+    neither."""
     if path.is_file():
         return path
     if source in MNIST_LIKE and gzipped(path).is_file():

@@ -1,4 +1,5 @@
-"""Full-state checkpoints (model, optimizer, scheduler, scaler, EMA, step, every RNG), written atomically, loaded safely."""
+"""Full-state checkpoints (model, optimizer, scheduler, scaler, EMA, step, every RNG), written atomically, loaded
+safely."""
 
 from __future__ import annotations
 

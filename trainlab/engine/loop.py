@@ -18,18 +18,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.core import distributed
 from trainlab.core.config import BaseParams, TrainParams
+from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
+from trainlab.core.runtime import Runtime
 from trainlab.engine.batches import Batch, eval_batch_size, make_batches
+from trainlab.engine.checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
+from trainlab.engine.contract import Trainable
 from trainlab.engine.metrics import bincount_allowed
-from trainlab.engine.checkpoint import (load_checkpoint, load_model_state, rng_state, save_checkpoint,
-                                       set_rng_state)
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.trail import Trail
 from trainlab.models.init import count_parameters
-from trainlab.engine.contract import Trainable
-from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
-from trainlab.core.runtime import Runtime
 
 
 class MetricsSink(Protocol):

@@ -24,7 +24,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float, head: nn.Modu
     out = []
     for (is_head, decays), params in sorted(groups.items()):
         out.append({"params": params, "weight_decay": weight_decay if decays else 0.0,
-                    "lr": head_lr if is_head else lr, "name": f"{'head' if is_head else 'body'}_{'decay' if decays else 'no_decay'}"})
+                    "lr": head_lr if is_head else lr,
+                    "name": f"{'head' if is_head else 'body'}_{'decay' if decays else 'no_decay'}"})
     return out
 
 

@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from trainlab.core.config import TrainParams
-from trainlab.engine.batches import Batch
-from trainlab.engine.ema import EMA
-from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
-from trainlab.engine.contract import Trainable
 from trainlab.core.repro import derived_seed, generator
 from trainlab.core.runtime import Runtime
+from trainlab.engine.batches import Batch
+from trainlab.engine.contract import Trainable
+from trainlab.engine.ema import EMA
+from trainlab.engine.optim import LRSchedule, build_optimizer, param_groups
 
 # Eager steps run (and then undone) before a capture: lazy optimizer state, allocator and library warm-up.
 GRAPH_WARMUP_STEPS = 3

@@ -79,11 +79,11 @@ def model_folder(model: str, params: Params) -> Iterator[Path]:
     if not is_model_uri(model):
         yield Path(model)
         return
+    import mlflow
+
     from trainlab.core.errors import CheckpointError
     from trainlab.serving.flavor import model_folder as folder_in
     from trainlab.tracking.uri import global_tracking_uri, resolve_tracking_uri
-
-    import mlflow
 
     uri = resolve_tracking_uri(params)
     with tempfile.TemporaryDirectory(prefix="trainlab-predict-") as tmp, quiet_downloads():

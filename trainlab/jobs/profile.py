@@ -14,6 +14,7 @@ import torch
 from trainlab.core.atomic import atomic_dir, write_json, write_text
 from trainlab.core.config import Params
 from trainlab.core.flatten import numbers
+from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.engine.batches import Batch
 from trainlab.engine.contract import Trainable
 from trainlab.profiling.flops import flops_per_step
@@ -30,7 +31,6 @@ from trainlab.profiling.report import (
 )
 from trainlab.profiling.throughput import Steps, make_steps, measure_steps, setting_name, settings_matrix
 from trainlab.profiling.traces import trace_step
-from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.tasks import get, names
 
 # On a CPU the whole stage aims to finish within this many seconds: each measurement gets a share of what is
@@ -147,8 +147,8 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
                    tasks: Sequence[str] | None = None, time_budget_s: float | None | str = "auto",
                    log: Log = log_line) -> ProfileOutcome:
     """Profile each trained model: throughput per setting, FLOPs, MFU, peak memory, a trace; write
-    `out_dir/{metrics.json,measurements.json,report.md,throughput.png,trace_<task>.json,top_ops_<task>.txt}` (and on CUDA
-    `memory_snapshot_<task>.json`) atomically, and log them all to one MLflow run (stage "profile").
+    `out_dir/{metrics.json,measurements.json,report.md,throughput.png,trace_<task>.json,top_ops_<task>.txt}`
+    (and on CUDA `memory_snapshot_<task>.json`) atomically, and log them all to one MLflow run (stage "profile").
 
     `time_budget_s`: "auto" is CPU_TIME_BUDGET_S on a CPU and no limit on a GPU; None is no limit.
     """

@@ -10,7 +10,6 @@ from trainlab import tasks
 from trainlab.core.cli import command_parser, run_cli
 
 
-
 def read(path: Path) -> dict[str, Any]:
     """The JSON object in `path`, or {} when the stage has not written it yet."""
     try:

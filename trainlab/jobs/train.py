@@ -20,13 +20,13 @@ from safetensors.torch import save_file
 from trainlab.core import distributed
 from trainlab.core.atomic import atomic_dir, atomic_path, process_lock, write_json, writing
 from trainlab.core.config import Params, TrainParams
-from trainlab.engine.loop import FitHooks, FitOptions, FitResult, evaluate, fit, scalars
-from trainlab.engine.contract import Trainable
 from trainlab.core.errors import CheckpointError
 from trainlab.core.fingerprint import run_fingerprint
 from trainlab.core.provenance import environment
 from trainlab.core.repro import seed_everything
 from trainlab.core.runtime import Runtime, resolve_runtime
+from trainlab.engine.contract import Trainable
+from trainlab.engine.loop import FitHooks, FitOptions, FitResult, evaluate, fit, scalars
 from trainlab.jobs.pruning import trial_sink  # a search trial's pruning (pipelines.search); off otherwise
 from trainlab.tasks import get
 from trainlab.tasks.base import TrainingExtras, check_prepared
@@ -60,8 +60,8 @@ def settle_auto_precision(runtime: Runtime, requested: str, task: Trainable, tra
     of one step at `batch_size`, counted on a CPU copy of the model. Anything else is returned unchanged."""
     if requested != "auto" or runtime.device.type != "cuda":
         return runtime
-    from trainlab.profiling.flops import flops_per_step
     from trainlab.core.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
+    from trainlab.profiling.flops import flops_per_step
 
     gflop = flops_per_step(task, {k: v[:batch_size] for k, v in train.items()})["train"] / 1e9
     precision = cuda_auto_precision(gflop)

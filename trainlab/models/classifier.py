@@ -14,7 +14,6 @@ from trainlab.models.checkpointing import checkpoint_block
 from trainlab.models.init import init_weights
 
 
-
 class StridedPointwise(nn.Conv2d):
     """A 1x1 convolution with a stride, computed as the 1x1 convolution of every stride-th pixel: the same numbers
     (bitwise, forward and gradients), and it avoids a crash in torch 2.14.1's CPU kernel for a strided 1x1

@@ -64,7 +64,8 @@ class NgramBag(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.size(1) > self.max_length:
-            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's max_length {self.max_length}")
+            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's "
+                             f"max_length {self.max_length}")
         return self.head(self.drop(self.bag(self.ids(tokens))))
 
     @torch.no_grad()
@@ -129,7 +130,8 @@ class NBNgramBag(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.size(1) > self.max_length:
-            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's max_length {self.max_length}")
+            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's "
+                             f"max_length {self.max_length}")
         ids = self.ids(tokens)
         keep = ids != self.pad_id
         if self.training and self.dropout:
@@ -142,5 +144,6 @@ class NBNgramBag(nn.Module):
 
     @torch.no_grad()
     def ngram_scores(self, ids: torch.Tensor) -> torch.Tensor:
-        """(K,) bag ids -> (K, num_classes): what one occurrence of each adds to each class's logit (before the mean)."""
+        """(K,) bag ids -> (K, num_classes): what one occurrence of each adds to each class's logit (before the
+        mean)."""
         return (self.weight[ids] * self.ratios[ids]).float()

@@ -198,7 +198,8 @@ class TfidfBag(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.size(1) > self.max_length:
-            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's max_length {self.max_length}")
+            raise ValueError(f"sequence length {tokens.size(1)} is longer than the model's "
+                             f"max_length {self.max_length}")
         words, chars = self.word_ids(tokens), self.char_ids(tokens)
         ids = torch.cat([words, chars], dim=1)
         weights = torch.cat([self.normalised_weights(words), self.normalised_weights(chars)], dim=1)

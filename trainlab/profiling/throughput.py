@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from trainlab.core.config import TrainParams
+from trainlab.core.runtime import Runtime, cpu_supports_bf16
 from trainlab.engine.batches import Batch
-from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.contract import Trainable
+from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import synchronize
-from trainlab.core.runtime import Runtime, cpu_supports_bf16
 
 
 def setting_name(runtime: Runtime, conv: bool = True) -> str:

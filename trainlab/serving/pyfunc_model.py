@@ -1,5 +1,6 @@
 """The MLflow model of a trainlab model ("models from code"): raw inputs in a DataFrame to predictions, through
-trainlab.serving.frames; its artifact `model` is the trained model folder (weights, config, preprocessing, tokenizer)."""
+trainlab.serving.frames; its artifact `model` is the trained model folder (weights, config, preprocessing,
+tokenizer)."""
 
 import mlflow
 import pandas as pd
@@ -10,9 +11,9 @@ class TrainlabModel(PythonModel):
     """Loads the model folder once; predicts DataFrames of raw images (bytes) or texts."""
 
     def load_context(self, context):
-        from trainlab.serving.predictor import Predictor, cpu_runtime
-
         import torch
+
+        from trainlab.serving.predictor import Predictor, cpu_runtime
 
         self.predictor = Predictor.load(context.artifacts["model"],
                                         cpu_runtime("cuda" if torch.cuda.is_available() else "cpu"))

@@ -83,7 +83,8 @@ def random_symmetry(tensors: list[torch.Tensor], symmetries: str, gen: torch.Gen
     return out
 
 
-def random_resized_crop(images: torch.Tensor, gen: torch.Generator, hflip: bool, scale: tuple[float, float] = (0.25, 1.0),
+def random_resized_crop(images: torch.Tensor, gen: torch.Generator, hflip: bool,
+                        scale: tuple[float, float] = (0.25, 1.0),
                         ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
     """torchvision's RandomResizedCrop (and RandomHorizontalFlip) for a batch of float images (N,C,H,W), batched in
     one grid_sample: per sample a window of `scale` of the area and `ratio` of aspect at a random place, resized back

@@ -82,7 +82,8 @@ class TaskCode:
         """Rebuild the architecture a saved model's config.json describes (fresh weights, no pretrained file)."""
         fields = {k: v for k, v in config.items() if k in self.params_type.model_fields}
         fields = self.config_fields(fields)
-        kwargs = {k: v for k, v in config.items() if k not in self.params_type.model_fields and k not in ("task", "arch")}
+        kwargs = {k: v for k, v in config.items()
+                  if k not in self.params_type.model_fields and k not in ("task", "arch")}
         name = self.spec_name
         try:
             model = self.builder(self.params_type(**fields), **kwargs)

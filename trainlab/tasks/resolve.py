@@ -20,7 +20,8 @@ def updates_per_epoch(cfg: TrainParams, train_count: int) -> int:
     return max(1, batches // cfg.accumulation_steps)
 
 
-def resolve_training(name: str, cfg: TrainParams, meta: dict, train_count: int) -> tuple[TrainParams, dict[str, Choice]]:
+def resolve_training(name: str, cfg: TrainParams, meta: dict,
+                     train_count: int) -> tuple[TrainParams, dict[str, Choice]]:
     """`cfg` with every auto of the task resolved for this data (TaskCode.resolve_auto), the batch size no larger
     than the training split, and epochs raised to reach `min_steps`; and what changed, with why."""
     cfg, choices = get(name).load().resolve_auto(cfg, meta)

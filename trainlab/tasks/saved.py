@@ -10,8 +10,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trainlab.engine.checkpoint import load_model_state
 from trainlab.core.errors import CheckpointError
+from trainlab.engine.checkpoint import load_model_state
 from trainlab.tasks.spec import build_from_config
 
 

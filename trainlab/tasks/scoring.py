@@ -12,8 +12,8 @@ from torch import nn
 
 from trainlab.core.runtime import Runtime
 from trainlab.engine.metrics import update_in_chunks
-from trainlab.tasks.spec import get
 from trainlab.tasks.metrics import class_metric_keys
+from trainlab.tasks.spec import get
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params

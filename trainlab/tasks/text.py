@@ -212,7 +212,8 @@ class TextCode(TaskCode):
 
     def check_inputs(self, x: torch.Tensor, y: torch.Tensor, meta: dict, path: Path, meta_file: Path) -> None:
         if x.ndim != 2 or x.shape[1] > meta["max_length"]:
-            raise DataError(f"{path}: tokens {tuple(x.shape)} do not fit max_length {meta['max_length']} of {meta_file}")
+            raise DataError(f"{path}: tokens {tuple(x.shape)} do not fit max_length {meta['max_length']} "
+                            f"of {meta_file}")
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= meta["vocab_size"]:
             raise DataError(f"{path}: token ids {low}..{high} outside the vocabulary of {meta['vocab_size']} in "

@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 
-
 LOCK_FILE = "dvc.lock"
 
 

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-
 _LOCKED_MARKER = "database is locked"
 _RETRY_TRIES = 5
 _RETRY_BASE_DELAY_S = 0.2

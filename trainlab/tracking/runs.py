@@ -128,9 +128,9 @@ def start_run(params: Params, stage: str, run_name: str | None = None, parent_ru
 
     With ``tracking.enabled`` false, yields a NullTracker and touches nothing. ``parent_run_id`` (or
     ``$TRAINLAB_PARENT_RUN_ID``) nests the run. Tags: git_commit, git_dirty, stage, params_hash, data_hash,
-    device, torch_version (when the stage has loaded torch); the environment record is logged as ``environment.json``. ``device`` names the
-    device the stage runs on (default: resolved from ``base.device``). ``run_name`` defaults to
-    `default_run_name`; ``datasets`` are logged as the run's dataset inputs.
+    device, torch_version (when the stage has loaded torch); the environment record is logged as
+    ``environment.json``. ``device`` names the device the stage runs on (default: resolved from ``base.device``).
+    ``run_name`` defaults to `default_run_name`; ``datasets`` are logged as the run's dataset inputs.
     """
     if not params.tracking.enabled:
         yield NullTracker()

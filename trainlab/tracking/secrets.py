@@ -7,7 +7,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-
 # Secrets: credentials come from the environment (MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY, ...) and are
 # never logged; a password inside a URL, or a value under a secret-looking key, is masked wherever we log or print.
 

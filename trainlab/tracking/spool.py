@@ -143,7 +143,8 @@ def _serialise(call: Call, root: Path) -> dict[str, Any]:
         kw["fig"].savefig(files / artifact.name)
         parent = str(artifact.parent)
         return {"seq": call.seq, "name": "log_artifact",
-                "kwargs": {"path": f"files/{call.seq}/{artifact.name}", "artifact_path": None if parent == "." else parent}}
+                "kwargs": {"path": f"files/{call.seq}/{artifact.name}",
+                           "artifact_path": None if parent == "." else parent}}
     elif call.name == "log_model":
         from safetensors.torch import save_file
 
