@@ -142,6 +142,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pool", nargs="?", const=DEFAULT_POOL, default=None,
                         help=f"deploy to this process work pool (default {DEFAULT_POOL}) instead of serving here")
     parser.add_argument("--print-cron", action="store_true", help="print the configured cron and exit")
+    parser.add_argument("--print-timezone", action="store_true", help="print the cron's time zone and exit")
     return parser.parse_args(argv)
 
 
@@ -151,6 +152,8 @@ def main(argv: list[str]) -> None:
     schedule = schedule_for(root, args.cron, args.interval, args.timezone)
     if args.print_cron:
         print(schedule.cron if getattr(schedule, "cron", None) else "")
+    elif args.print_timezone:
+        print(getattr(schedule, "timezone", None) or "UTC")
     elif args.pool:
         deploy(root, schedule, args.pool, args.name)
     else:

@@ -64,7 +64,7 @@ BY_TEST: dict[str, tuple[str, ...]] = {
     "prefect work-pool create trainlab-process --type process": (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
     'prefect --no-prompt deploy --prefect-file pipelines/prefect.yaml --name trainlab-retrain --cron '
-    '"$(python -m pipelines.schedule --print-cron)"': (
+    '"$(python -m pipelines.schedule --print-cron)" --timezone "$(python -m pipelines.schedule --print-timezone)"': (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
     "prefect deployment run trainlab-retrain/trainlab-retrain": (
         "tests/pipelines/test_schedule.py::test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job",),
@@ -461,11 +461,12 @@ def test_the_license_pyproject_names_is_in_the_repo_and_dvc_plots_is_git_ignored
     assert proc.returncode == 0, "dvc_plots/ (what dvc plots show writes) is not git-ignored"
 
 
-def test_the_cron_the_docs_deploy_with_comes_from_params():
-    proc = subprocess.run([sys.executable, "-m", "pipelines.schedule", "--print-cron"], cwd=REPO, env=run_env(),
+@pytest.mark.parametrize("key", ["cron", "timezone"])
+def test_the_cron_and_time_zone_the_docs_deploy_with_come_from_params(key):
+    proc = subprocess.run([sys.executable, "-m", "pipelines.schedule", f"--print-{key}"], cwd=REPO, env=run_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == yaml.safe_load((REPO / "params.yaml").read_text())["schedule"]["cron"]
+    assert proc.stdout.strip() == yaml.safe_load((REPO / "params.yaml").read_text())["schedule"][key]
 
 
 @pytest.mark.parametrize("args", sorted(SELECTIONS))

@@ -86,13 +86,13 @@ def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_job(prefec
 
     run("work-pool", "create", "trainlab-process", "--type", "process")
     run("--no-prompt", "deploy", "--prefect-file", "pipelines/prefect.yaml", "--name", "trainlab-retrain", "--cron",
-        "0 3 * * *")
+        "0 3 * * *", "--timezone", "Europe/Berlin")
     run("deployment", "run", "trainlab-retrain/trainlab-retrain")
     run("worker", "start", "--pool", "trainlab-process", "--run-once")
 
     deployment, runs = deployment_runs("trainlab-retrain/trainlab-retrain")
     assert deployment.work_pool_name == "trainlab-process"
-    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+    assert [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [("0 3 * * *", "Europe/Berlin")]
     completed = [r for r in runs if r.state.is_completed()]
     assert len(completed) == 1 and not completed[0].auto_scheduled  # the run we asked for; the cron's are later
     assert (repo / "score.json").exists()  # the worker ran the pipeline in the repo
