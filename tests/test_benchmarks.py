@@ -207,3 +207,13 @@ def test_a_command_past_its_deadline_is_stopped_with_every_process_it_started(tm
     while running() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(), "the command's child process outlived the command's deadline"
+
+
+def test_the_trail_part_times_the_verify_trail_against_training(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "trail", "--repeats", "1", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## trail overhead" in proc.stdout and "the trail's own calls / training wall time" in proc.stdout
+    headline = json.loads((tmp_path / "summary.json").read_text())["headline"]
+    assert 0 < headline["trail_overhead_fraction"] < 1  # it recorded, and took less than the training it rode on

@@ -103,6 +103,8 @@ BY_TEST: dict[str, tuple[str, ...]] = {
         "tests/test_verify.py::test_an_injected_nondeterminism_is_found_at_its_epoch_and_with_bisect_at_its_step",),
     "python -m trainlab.verify --lock": (
         "tests/test_verify.py::test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock",),
+    "python -m benchmarks --only trail": (
+        "tests/test_benchmarks.py::test_the_trail_part_times_the_verify_trail_against_training",),
     "python -m benchmarks --quick --only classifier,mfu": (
         "tests/test_benchmarks.py::test_quick_classifier_and_mfu_parts_write_their_reports",),
     # the predict tests run the command's main() in-process on the test split written out as files; test_readme_model

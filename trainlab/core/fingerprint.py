@@ -18,6 +18,7 @@ from trainlab.core.runtime import ONEDNN_ISAS_WITHOUT_BF16, Runtime
 # The /proc/cpuinfo flags that decide which kernels torch and oneDNN run (and so the bits of a CPU run).
 KERNEL_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx512f", "avx2", "fma")
 HELD_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+CODE_CHECKOUT = Path(__file__).resolve().parents[2]  # where this code is read from (verify reruns elsewhere)
 
 
 @lru_cache(maxsize=1)
@@ -79,5 +80,8 @@ def run_fingerprint(runtime: Runtime, data_dir: Path, params_hash: str, auto: di
         **{f"auto.{k}": str(v) for k, v in sorted(auto.items())},
         "params_hash": params_hash, "data_hash": files_digest(data_dir),
     }
-    fingerprint.update(git_state())
+    state = git_state()
+    if state["git_commit"] == "unknown":  # run outside a git work tree (verify's temporary workspace)
+        state = git_state(str(CODE_CHECKOUT))
+    fingerprint.update(state)
     return fingerprint
