@@ -30,6 +30,7 @@ from trainlab.engine.trail import PERTURB_ENV
 # About 27 optimizer steps an epoch, 3 epochs, a checkpoint every 5 steps (so a kill lands between two).
 PARAMS = {"classifier": {"batch_size": 128, "epochs": 3, "min_steps": None, "checkpoint_every_steps": 5}}
 PYTHON = str(BIN / "python")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,33 @@ def test_missing_data_is_could_not_rerun(trained, tmp_path):
     proc = verify(root, "models/classifier")
     assert proc.returncode == 11, proc.stdout + proc.stderr
     assert f"{tmp_path / 'gone'}: the run's prepared data folder is missing here" in proc.stderr
+
+
+
+def test_a_tracked_run_is_verified_by_its_mlflow_run_and_by_its_stage_name(trained, tmp_path):
+    """Tracking on: the run's MLflow tags carry the fingerprint and its trail.json the trail, so a model folder
+    without run.json is found through MLflow, by `runs:/<id>` and by the dvc.yaml stage that trains it."""
+    import mlflow
+
+    root = tmp_path / "tracked"
+    shutil.copytree(trained / "data", root / "data")
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    write_params(root / "params.yaml", tiny_params(PARAMS, {"tracking": {"enabled": True, "uri": uri,
+                                                                          "register_models": False}}))
+    proc = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                               filter_string="tags.stage = 'train_classifier'")
+    assert run.data.tags["fingerprint.cpu_isa"] == record(root)["fingerprint"]["cpu_isa"]
+    assert "trail.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    (root / "reports" / "classifier" / "run.json").unlink()  # only MLflow knows the run now
+
+    for target in (f"runs:/{run.info.run_id}", "train_classifier"):
+        proc = verify(root, target, "--epochs", "1", MLFLOW_TRACKING_URI=uri)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"(runs:/{run.info.run_id})" in proc.stdout and "IDENTICAL to the bit: 1 epoch" in proc.stdout
 
 
 @pytest.mark.slow
