@@ -86,8 +86,10 @@ def verify_lock(root: Path, workspace: Path) -> int:
     repo = workspace / "repo"
     copy_repo(root, repo)
     print(f"verify --lock: dvc repro --force in a copy of {root} ({repo}); this runs the whole pipeline", flush=True)
-    dvc = shutil.which("dvc", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") or "dvc"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo}/mlflow.db", "DVC_NO_ANALYTICS": "1"}
+    # this interpreter's folder first: dvc.yaml's `python -m stages...` must run the environment verify runs in
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    dvc = shutil.which("dvc", path=path) or "dvc"
+    env = {**os.environ, "PATH": path, "MLFLOW_TRACKING_URI": f"sqlite:///{repo}/mlflow.db", "DVC_NO_ANALYTICS": "1"}
     with open(workspace / "dvc-repro.log", "w") as log:
         code = subprocess.run([dvc, "repro", "--force"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL).returncode
