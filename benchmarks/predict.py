@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from benchmarks.common import REPO, PartResult, alternate, fmt, log, table
+from benchmarks.processes import healthy
 
 TASKS = {"classifier": "classification", "segmenter": "segmentation", "text": "text"}
 BATCH = 256  # inputs per forward in every contender (the pyfunc's own frame batch)
@@ -210,7 +211,7 @@ def latency(root: Path, inputs: dict[str, list[Any]], requests: int) -> dict[str
         url = f"http://127.0.0.1:{port}"
         try:
             started = time.perf_counter()
-            while not ping(url):
+            while not healthy(url, "/ping"):
                 if proc.poll() is not None or time.perf_counter() - started > 180:
                     raise RuntimeError(f"mlflow models serve ({name}) did not start")
                 time.sleep(0.25)
@@ -234,14 +235,6 @@ def latency(root: Path, inputs: dict[str, list[Any]], requests: int) -> dict[str
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
     return results
-
-
-def ping(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def post(url: str, body: bytes) -> None:

@@ -51,9 +51,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def healthy(uri: str) -> bool:
+def healthy(uri: str, path: str = "/health") -> bool:
+    """Whether the server at `uri` answers 200 at `path` (MLflow's and Prefect's /health, a model server's /ping)."""
     try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+        with urllib.request.urlopen(f"{uri}{path}", timeout=2) as response:
             return response.status == 200
     except OSError:
         return False

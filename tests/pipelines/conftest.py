@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+from benchmarks.processes import free_port, healthy  # noqa: F401 - free_port: the pipeline tests' import
 from benchmarks.tiny import TINY_PARAMS
 from pipelines.overrides import deep_merge
 from pipelines.workspace import copy_worktree
@@ -31,20 +30,6 @@ class PrefectServer:
     api_url: str
     home: Path
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def healthy(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def stop_process_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.processes import healthy
 from tests.pipelines.conftest import BIN, REPO, free_port, stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -104,7 +105,7 @@ def assert_the_served_champion_answers(root: Path, command: str, env: dict[str, 
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_STARTUP_S
-        while not ping(url):
+        while not healthy(url, "/ping"):
             assert proc.poll() is None and time.monotonic() < deadline, f"{command}: not up\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
         image = next((root / "path" / "to" / "digits").iterdir())
@@ -117,10 +118,3 @@ def assert_the_served_champion_answers(root: Path, command: str, env: dict[str, 
     finally:
         stop_process_group(proc)
 
-
-def ping(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False

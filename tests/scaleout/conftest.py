@@ -8,14 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from benchmarks.processes import NO_JOBS
+from benchmarks.processes import NO_JOBS, healthy
 from pipelines.overrides import deep_merge
 from tests.data.factories import make_image_folder, make_paired_folders, make_text_csv, user_data_section
 from tests.pipelines.conftest import free_port, stop_process_group
@@ -144,13 +143,6 @@ class MlflowServer:
     artifacts: Path
     log: Path
 
-
-def healthy(uri: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture

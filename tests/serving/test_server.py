@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.processes import healthy
 from tests.pipelines.conftest import free_port, stop_process_group
 from tests.serving.raw_inputs import assert_same_as_command, raw_case, raw_values
 from tests.serving.workspace import tracking_uri, trained_workspace
@@ -51,7 +52,7 @@ def servers(tmp_path_factory):
             urls[task] = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for task, url in urls.items():
-            while not ping(url):
+            while not healthy(url, "/ping"):
                 if procs[task].poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"mlflow models serve ({task}) not up:\n{logs[task].read_text()[-3000:]}")
                 time.sleep(0.5)
@@ -60,13 +61,6 @@ def servers(tmp_path_factory):
         for proc in procs.values():
             stop_process_group(proc, signal.SIGTERM)
 
-
-def ping(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def invoke(url: str, payload: dict) -> tuple[int, dict]:

@@ -35,6 +35,13 @@ class FolderListing:
     hidden: list[Path] = field(default_factory=list)
     not_images: list[Path] = field(default_factory=list)
 
+    def sort_in(self, path: Path, suffixes: tuple[str, ...]) -> None:
+        """File `path` under hidden (its name), files (one of `suffixes`) or not_images."""
+        if is_hidden(path.name):
+            self.hidden.append(path)
+        else:
+            (self.files if path.suffix.lower() in suffixes else self.not_images).append(path)
+
     def add(self, other: FolderListing) -> None:
         self.files += other.files
         self.hidden += other.hidden
@@ -60,12 +67,8 @@ def list_tree(folder: Path, suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> Folde
     listing = FolderListing()
     for path in sorted(folder.rglob("*")):
         parts = path.relative_to(folder).parts
-        if not path.is_file() or any(is_hidden(p) for p in parts[:-1]):
-            continue
-        if is_hidden(path.name):
-            listing.hidden.append(path)
-        else:
-            (listing.files if path.suffix.lower() in suffixes else listing.not_images).append(path)
+        if path.is_file() and not any(is_hidden(p) for p in parts[:-1]):
+            listing.sort_in(path, suffixes)
     return listing
 
 
@@ -117,10 +120,7 @@ def find_files(args: list[str], suffixes: tuple[str, ...], what: str) -> FoundFi
 def matches(pattern: str, suffixes: tuple[str, ...]) -> FolderListing:
     listing = FolderListing()
     for path in sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()):
-        if is_hidden(path.name):
-            listing.hidden.append(path)
-        else:
-            (listing.files if path.suffix.lower() in suffixes else listing.not_images).append(path)
+        listing.sort_in(path, suffixes)
     return listing
 
 
