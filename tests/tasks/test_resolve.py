@@ -86,3 +86,46 @@ def test_evaluation_batches_of_large_images_stay_within_a_pixel_budget():
     assert eval_batch_size(small, 512) == 512
     assert eval_batch_size(large, 256) == EVAL_MAX_PIXELS // (584 * 565) < 256
     assert eval_batch_size({"tokens": torch.zeros(4, 48, dtype=torch.long)}, 256) == 256
+
+
+PHOTOS = {"num_classes": 2, "channels": 3, "height": 96, "width": 96, "augment": "photo"}
+DIGITS = {"num_classes": 10, "channels": 1, "height": 28, "width": 28, "augment": "shift"}
+
+
+def test_photos_get_cutmix_a_stride_4_stem_and_a_longer_budget_and_digits_none_of_them():
+    from trainlab.tasks.resolve import CUTMIX_STEPS, MIN_STEPS
+
+    photos, choices = resolve_training("classifier", ClassifierParams(), PHOTOS, 840)
+    assert (photos.cutmix, photos.stem_pool, photos.min_steps) == (True, 4, MIN_STEPS * CUTMIX_STEPS)
+    assert photos.epochs * (840 // photos.batch_size) >= MIN_STEPS * CUTMIX_STEPS
+    assert "24x24" in choices["stem_pool"]["why"] and "CutMix" in choices["min_steps"]["why"]
+    digits, choices = resolve_training("classifier", ClassifierParams(), DIGITS, 3500)
+    assert (digits.cutmix, digits.stem_pool, digits.min_steps) == (False, 2, MIN_STEPS)
+    assert "14x14" in choices["stem_pool"]["why"] and choices["cutmix"]["value"] is False
+
+
+def test_a_set_value_is_kept_and_cutmix_off_keeps_the_short_budget():
+    cfg, choices = resolve_training("classifier", ClassifierParams(cutmix=False, stem_pool=1), PHOTOS, 840)
+    assert (cfg.cutmix, cfg.stem_pool, cfg.min_steps) == (False, 1, 480)
+    assert "cutmix" not in choices and "stem_pool" not in choices
+    cfg, _ = resolve_training("classifier", ClassifierParams(augment="photo", min_steps=100), DIGITS, 3500)
+    assert cfg.cutmix is True and cfg.min_steps == 100 and cfg.epochs == 9
+
+
+def test_cutmix_pastes_a_box_from_the_next_sample_and_mixes_the_targets_by_its_area():
+    from trainlab.tasks.augment import random_cutmix
+
+    images = torch.arange(6.0).view(6, 1, 1, 1).expand(6, 3, 16, 16).contiguous()
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    mixed, targets = random_cutmix(images, labels, 5, torch.Generator().manual_seed(0))
+    assert mixed.shape == images.shape and targets.shape == (6, 5)
+    assert torch.allclose(targets.sum(1), torch.ones(6))
+    for i in range(6):
+        own = (mixed[i] == images[i]).float().mean()
+        assert set(mixed[i].unique().tolist()) <= {float(i), float((i - 1) % 6)}  # its own and the previous sample's
+        expected = torch.zeros(5)
+        expected[labels[i]] += own
+        expected[labels[i - 1]] += 1 - own
+        assert torch.allclose(targets[i], expected)
+    again, _ = random_cutmix(images, labels, 5, torch.Generator().manual_seed(0))
+    assert torch.equal(mixed, again)

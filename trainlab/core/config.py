@@ -161,7 +161,8 @@ class TrainParams(Section):
 class ClassifierParams(TrainParams):
     init: InitScheme = "kaiming"
     epochs: Epochs = 9
-    min_steps: MinSteps = 480
+    # auto: 480, and 8x that with CutMix (trainlab.tasks.resolve.resolve_training: mixed images train longer)
+    min_steps: MinSteps | Literal["auto"] = "auto"
     batch_size: BatchSize = 64
     lr: LearningRate = 0.003
     weight_decay: WeightDecay = 0.05
@@ -169,8 +170,9 @@ class ClassifierParams(TrainParams):
     label_smoothing: LabelSmoothing = 0.05
     arch: Literal["resnet_small", "resnet18", "mobilenet_v3_small", "efficientnet_b0"] = "resnet_small"
     width: int = Field(48, ge=4, le=512)
-    stem_pool: int = Field(2, ge=1, le=8, description="resnet_small: max-pool the stem's output by this factor "
-                           "(1: none), so that the residual stages run at a lower resolution")
+    stem_pool: Annotated[int, Field(ge=1, le=8)] | Literal["auto"] = Field(
+        "auto", description="resnet_small: max-pool the stem's output by this factor (1: none), so that the residual "
+        "stages run at a lower resolution; auto: 4 for images of 64 px a side and more, else 2")
     stem_pool_first: bool = Field(True, description="resnet_small: max-pool the stem conv's output before its "
                                   "BatchNorm and ReLU (a quarter of their work at full resolution); false: after")
     pretrained: str | None = None
@@ -181,6 +183,9 @@ class ClassifierParams(TrainParams):
     # fixed-size images; photo: torchvision's random resized crops and mirrors, for photos; none. auto: what prepare
     # found the images to be (meta.json "augment": photo for colour images of varied or large sizes, else shift)
     augment: Literal["auto", "shift", "photo", "none"] = "auto"
+    # CutMix (Yun et al. 2019) on the training batches; auto: with photo augmentation, as torchvision's recipes mix
+    # photos (images of digits, letters or scans are not mixed)
+    cutmix: bool | Literal["auto"] = "auto"
 
     @field_validator("augment", mode="before")
     @classmethod

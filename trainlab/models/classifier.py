@@ -93,8 +93,11 @@ class TorchvisionClassifier(nn.Module):
 
 def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) -> nn.Module:
     """The classifier `p.arch` for `in_channels`-channel images and `num_classes` classes, with a `head` attribute."""
+    # stem_pool auto is resolved against the data before training (ClassifierCode.resolve_auto); a model built
+    # without data (a test, a benchmark) takes the small images' 2
+    stem_pool = 2 if p.stem_pool == "auto" else p.stem_pool
     if p.arch == "resnet_small":
-        net = ResNetSmall(num_classes, in_channels, p.width, p.activation_checkpointing, p.stem_pool, p.stem_pool_first)
+        net = ResNetSmall(num_classes, in_channels, p.width, p.activation_checkpointing, stem_pool, p.stem_pool_first)
         model = init_weights(net, p.init)
         if p.pretrained:
             load_weights(model, p.pretrained, fresh_prefix="head.")
@@ -104,7 +107,7 @@ def build_classifier(p: ClassifierParams, num_classes: int, in_channels: int) ->
         for param in backbone_parameters(model):
             param.requires_grad_(False)
     model.config = {
-        "task": "classifier", "arch": p.arch, "width": p.width, "stem_pool": p.stem_pool,
+        "task": "classifier", "arch": p.arch, "width": p.width, "stem_pool": stem_pool,
         "stem_pool_first": p.stem_pool_first, "num_classes": num_classes,
         "in_channels": in_channels,
     }

@@ -104,3 +104,24 @@ def random_resized_crop(images: torch.Tensor, gen: torch.Generator, hflip: bool,
     theta[:, 1, 1], theta[:, 1, 2] = height, cy
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def random_cutmix(images: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """CutMix (Yun et al. 2019, torchvision's v2.CutMix with alpha 1) per sample, batched: a box of a uniform
+    random share of the area, at a random centre and clipped to the image, pasted from the next sample of the batch;
+    the targets mixed by the share of pixels each image keeps. Returns the images and (N, num_classes) soft targets."""
+    n, _, h, w = images.shape
+    device = images.device
+    draws = torch.rand(3, n, generator=gen, device=device)
+    side = torch.sqrt(1 - draws[0])  # the box's sides as fractions: its area is 1 - lambda, lambda ~ Beta(1, 1)
+    cy, cx = draws[1] * h, draws[2] * w
+    rows = torch.arange(h, device=device) + 0.5
+    cols = torch.arange(w, device=device) + 0.5
+    in_rows = (rows >= cy[:, None] - side[:, None] * h / 2) & (rows < cy[:, None] + side[:, None] * h / 2)
+    in_cols = (cols >= cx[:, None] - side[:, None] * w / 2) & (cols < cx[:, None] + side[:, None] * w / 2)
+    box = in_rows[:, :, None] & in_cols[:, None, :]  # (N,H,W)
+    mixed = torch.where(box[:, None], images.roll(1, 0), images)
+    pasted = box.flatten(1).float().mean(1, keepdim=True)
+    onehot = torch.zeros(n, num_classes, device=device).scatter_(1, labels[:, None], 1.0)  # no host sync on CUDA
+    return mixed, onehot * (1 - pasted) + onehot.roll(1, 0) * pasted

@@ -3,6 +3,7 @@ its evaluation adds the misclassified test images and feature maps."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 from trainlab.core.config import ClassifierParams
 from trainlab.engine.contract import Trainable
 from trainlab.models.classifier import build_classifier
-from trainlab.tasks.augment import random_hflip, random_resized_crop, random_shift, to_float_images
+from trainlab.tasks.augment import random_cutmix, random_hflip, random_resized_crop, random_shift, to_float_images
 from trainlab.tasks.base import TaskCode
 from trainlab.tasks.metrics import metric_collection
 
@@ -22,18 +23,24 @@ if TYPE_CHECKING:
     from trainlab.tasks.scoring import TaskInputs, TaskReport
 
 FEATURE_CHANNELS = 4  # channels shown per feature-map layer
+# stem_pool auto (params.yaml's comments give the quality suite's figures):
+STEM_POOL_4_SIDE = 64  # images of this side and more pool the stem by 4, as torchvision's ResNets do (stride 4)
 
 
 def classification_trainable(model: nn.Module, num_classes: int, label_smoothing: float = 0.0, augment: bool = True,
                         hflip: bool = False, head: nn.Module | None = None, head_lr: float | None = None,
-                        photo: bool = False) -> Trainable:
-    """`photo`: augment as torchvision's references do for photos (random resized crop, flips where `hflip`); else
-    2-pixel shifts (and flips where `hflip`), for small fixed-size images such as digits."""
+                        photo: bool = False, cutmix: bool = False) -> Trainable:
+    """`photo`: augment as torchvision's references do for photos (random resized crop, flips where `hflip`, and
+    CutMix with `cutmix`: soft targets); else 2-pixel shifts (and flips where `hflip`), for small fixed-size images
+    such as digits."""
     def prepare(batch, train, gen):
         images = batch["images"]
         if train and augment and gen is not None:
             if photo:
-                return random_resized_crop(to_float_images(images), gen, hflip), batch["labels"]
+                images = random_resized_crop(to_float_images(images), gen, hflip)
+                if cutmix:
+                    return random_cutmix(images, batch["labels"], num_classes, gen)
+                return images, batch["labels"]
             (images,) = random_shift([images], 2, gen)
             if hflip:
                 (images,) = random_hflip([images], gen)
@@ -90,12 +97,26 @@ class ClassifierCode(TaskCode):
         return {"stem_pool": 1, "stem_pool_first": False, **fields}
 
     def resolve_auto(self, cfg: ClassifierParams, meta: dict) -> tuple[ClassifierParams, dict]:
-        """augment auto: what prepare found the images to be (meta.json "augment": photo or shift, and why)."""
-        if cfg.augment != "auto":
-            return cfg, {}
-        kind = meta.get("augment", "shift")
-        why = meta.get("auto", {}).get("augment", {}).get("why", "prepared data without a record: shifts only")
-        return cfg.model_copy(update={"augment": kind}), {"augment": {"value": kind, "why": why}}
+        """augment auto: what prepare found the images to be (meta.json "augment": photo or shift, and why); cutmix
+        auto: with photo augmentation; stem_pool auto: by the images' side (min_steps auto: resolve_training)."""
+        updates, choices = {}, {}
+        if cfg.augment == "auto":
+            kind = meta.get("augment", "shift")
+            why = meta.get("auto", {}).get("augment", {}).get("why", "prepared data without a record: shifts only")
+            updates["augment"], choices["augment"] = kind, {"value": kind, "why": why}
+        augment = updates.get("augment", cfg.augment)
+        if cfg.cutmix == "auto":
+            mix = augment == "photo"
+            updates["cutmix"] = mix
+            choices["cutmix"] = {"value": mix, "why": "photo augmentation: photos mixed as torchvision's recipes mix "
+                                 "them" if mix else f"{augment} augmentation: images not mixed"}
+        if cfg.stem_pool == "auto" and "height" in meta:
+            side = min(meta["height"], meta["width"])
+            pool = 4 if side >= STEM_POOL_4_SIDE else 2
+            updates["stem_pool"] = pool
+            choices["stem_pool"] = {"value": pool, "why": f"{meta['height']}x{meta['width']} images: the residual "
+                                    f"stages at {math.ceil(meta['height'] / pool)}x{math.ceil(meta['width'] / pool)}"}
+        return (cfg.model_copy(update=updates) if updates else cfg), choices
 
     def make_trainable(self, model: nn.Module, meta: dict, cfg: ClassifierParams | None = None) -> Trainable:
         if cfg is None:
@@ -104,7 +125,7 @@ class ClassifierCode(TaskCode):
         head = model.head if cfg.head_lr is not None else None
         return classification_trainable(model, meta["num_classes"], cfg.label_smoothing, cfg.augments,
                                    hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr,
-                                   photo=cfg.augment == "photo")
+                                   photo=cfg.augment == "photo", cutmix=cfg.cutmix is True)
 
     def evaluate(self, inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskReport:
         from trainlab.tasks.scoring import FEW_EXAMPLES, evaluate_labels

@@ -20,11 +20,23 @@ def updates_per_epoch(cfg: TrainParams, train_count: int) -> int:
     return max(1, batches // cfg.accumulation_steps)
 
 
+# min_steps auto (the classifier's; params.yaml's comments give the quality suite's figures):
+MIN_STEPS = 480  # optimizer steps a small data set trains at least (the embedded digits' 9 epochs are 486)
+CUTMIX_STEPS = 8  # ... times this with CutMix: mixed images train longer (torchvision's recipes: 600 epochs, not 90)
+
+
 def resolve_training(name: str, cfg: TrainParams, meta: dict,
                      train_count: int) -> tuple[TrainParams, dict[str, Choice]]:
     """`cfg` with every auto of the task resolved for this data (TaskCode.resolve_auto), the batch size no larger
-    than the training split, and epochs raised to reach `min_steps`; and what changed, with why."""
+    than the training split, `min_steps` auto made a number, and epochs raised to reach it; and what changed, with
+    why."""
     cfg, choices = get(name).load().resolve_auto(cfg, meta)
+    if cfg.min_steps == "auto":
+        mix = getattr(cfg, "cutmix", False) is True
+        steps = MIN_STEPS * (CUTMIX_STEPS if mix else 1)
+        choices["min_steps"] = {"value": steps, "why": f"with CutMix, {CUTMIX_STEPS}x {MIN_STEPS}: mixed images "
+                                "train longer" if mix else "no images mixed"}
+        cfg = cfg.model_copy(update={"min_steps": steps})
     if cfg.batch_size > train_count:
         choices["batch_size"] = {"value": train_count, "why": f"{name}.batch_size {cfg.batch_size} is more than the "
                                  f"{train_count:,} training samples: one batch of all of them"}
