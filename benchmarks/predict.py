@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 import yaml
 
 from benchmarks.common import REPO, PartResult, alternate, fmt, log, table
-from benchmarks.processes import healthy
+from benchmarks.processes import free_port, healthy
 
 TASKS = {"classifier": "classification", "segmenter": "segmentation", "text": "text"}
 BATCH = 256  # inputs per forward in every contender (the pyfunc's own frame batch)
@@ -191,11 +190,6 @@ def rate(count: int, fn) -> dict[str, float]:
 
 
 # --- one-row requests against the real server --------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def latency(root: Path, inputs: dict[str, list[Any]], requests: int) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, PartResult, alternate, engine_runtime, fmt, log, table
+from benchmarks.processes import free_port
 
 BATCH_SIZES = {"full": (32, 64, 128, 256, 512), "quick": (32, 128)}
 STEP_TARGET_S = {"full": 1.0, "quick": 0.4}
@@ -56,12 +56,6 @@ def batch_size_sweep(quick: bool, repeats: int, device: str) -> dict[str, Any]:
                     "fp32_spread": comparison.spread(f"fp32@{bs}", "samples_per_s")}
     return {"engine_settings": runtime.describe(), "by_batch_size": rows, "order": comparison.order,
             "repeats": comparison.repeats}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_ddp(nproc: int, quick: bool, workdir: Path, index: int) -> dict[str, Any]:

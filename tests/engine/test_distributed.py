@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks.processes import free_port
 from trainlab.core.config import DistributedParams
 from trainlab.core.distributed import torchrun_command
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd: list[str], tmp_path: Path) -> str:

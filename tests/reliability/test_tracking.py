@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from benchmarks.processes import free_port
 from tests.reliability.conftest import (
     CONCURRENT,
     FALLBACK_INDEX,
@@ -19,12 +20,6 @@ from tests.reliability.conftest import (
 from tests.reliability.factories import CLASSIFIER_ARGS, run_stage, tiny_params, tree
 
 pytestmark = pytest.mark.reliability
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.processes import NO_JOBS
+from benchmarks.processes import NO_JOBS, free_port
 from tests.tracking.conftest import client_for
 from trainlab.core.errors import TrackingUnavailable
 from trainlab.core.provenance import git_state
@@ -49,12 +48,6 @@ def load_registered(store: Path, model_uri: str):
             os.environ.pop(key, None)
             if value is not None:
                 os.environ[key] = value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Doubler(torch.nn.Module):
