@@ -231,7 +231,7 @@ def train_one(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max
 
     options: dict[str, Any] = {}
     if task == "text":  # the TF-IDF bar, fitted as the text_baseline stage fits it
-        from trainlab.tasks.text_baseline import BASELINE_FILE, write_baseline
+        from trainlab.jobs.text_baseline import BASELINE_FILE, write_baseline
 
         baseline_dir = workdir / "models" / "text_baseline"
         row["baseline_accuracy"] = write_baseline(params, prepared, baseline_dir)["accuracy"]

@@ -92,7 +92,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
 
 
 def baseline(params, folder: Path, num_classes: int) -> dict[str, Any]:
-    from trainlab.tasks.text_baseline import tfidf_baseline
+    from trainlab.jobs.text_baseline import tfidf_baseline
 
     t0 = time.perf_counter()
     result = tfidf_baseline(folder, params.text.baseline_max_features, params.text.baseline_C, params.base.seed,

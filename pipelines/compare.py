@@ -30,7 +30,7 @@ def stage_name(task: str) -> str:
 
 
 def primary_metric(task: str) -> str:
-    """The metric a model is judged on (higher is better): its task's primary metric on the test split."""
+    """The metric a model is judged on: its task's primary metric (trainlab.tasks.metrics) on the test split."""
     return f"test_{tasks.get(task).primary_metric}"
 
 
@@ -98,17 +98,18 @@ def collect_runs(client: Any, experiment: str, task: str, limit: int = 20) -> li
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise CompareError(f"no MLflow experiment named {experiment!r} (tracking.experiment in params.yaml)")
-    metric = primary_metric(task)
+    metric, better = primary_metric(task), 1 if tasks.get(task).higher_is_better else -1
     runs = client.search_runs([found.experiment_id], max_results=max(limit, 1) * 5,
                               filter_string=f"tags.stage = '{stage_name(task)}' and attributes.status = 'FINISHED'",
-                              order_by=[f"metrics.{metric} DESC", "attributes.start_time DESC"])
+                              order_by=[f"metrics.{metric} {'DESC' if better > 0 else 'ASC'}",
+                                        "attributes.start_time DESC"])
     versions = versions_by_run(client, task)
     champ = champion_version(client, task)
     rows = [RunRow(r.info.run_id, versions.get(r.info.run_id), bool(champ and champ.run_id == r.info.run_id),
                    dict(r.data.params), dict(r.data.metrics), r.info.start_time or 0,
                    (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time and r.info.start_time else None)
             for r in runs]
-    rows.sort(key=lambda row: (metric not in row.metrics, -row.metrics.get(metric, 0.0), -row.start_ms))
+    rows.sort(key=lambda row: (metric not in row.metrics, -better * row.metrics.get(metric, 0.0), -row.start_ms))
     return rows[:limit]
 
 
@@ -173,8 +174,9 @@ def promote(client: Any, task: str, candidates: Iterable[str] | None = None) -> 
     the best candidate becomes champion.
     """
     name, metric = model_name(task), primary_metric(task)
+    sign = 1 if tasks.get(task).higher_is_better else -1  # compared as sign x value: larger is better
     wanted = None if candidates is None else {str(c) for c in candidates}
-    scored = [(value, int(v.version), v) for v in client.search_model_versions(f"name = '{name}'")
+    scored = [(sign * value, int(v.version), v) for v in client.search_model_versions(f"name = '{name}'")
               if (wanted is None or str(v.version) in wanted)
               for value in [version_metric(client, v, metric)] if value is not None]
     champ = champion_version(client, task)
@@ -185,12 +187,13 @@ def promote(client: Any, task: str, candidates: Iterable[str] | None = None) -> 
         decision.reason = f"{name}: no candidate version with a {metric} metric" + (
             f"; champion stays v{champ.version}" if champ else "")
         return decision
-    value, _, best = max(scored, key=lambda s: (s[0], -s[1]))  # best metric; on a tie the older version
+    signed, _, best = max(scored, key=lambda s: (s[0], -s[1]))  # best metric; on a tie the older version
+    value = sign * signed
     decision.version, decision.value = str(best.version), value
     if champ is not None and str(champ.version) == str(best.version):
         decision.reason = f"{name}: champion v{champ.version} ({metric} {champ_value:.4f}) is already the best"
         return decision
-    if champ is not None and champ_value is not None and value <= champ_value:
+    if champ is not None and champ_value is not None and signed <= sign * champ_value:
         decision.reason = (f"{name}: v{best.version} ({metric} {value:.4f}) does not beat champion "
                            f"v{champ.version} ({champ_value:.4f}); champion stays")
         return decision

@@ -177,7 +177,7 @@ def check_deployment(deployment: str) -> None:
     except ObjectNotFound:
         raise ParamsError(f"--deployment {deployment!r} is not on the Prefect server; deploy it with `prefect deploy "
                           "--prefect-file pipelines/prefect.yaml --name sweep-point` and start a worker on its pool "
-                          "(see README, Sweeps)") from None
+                          "(see docs/orchestration.md#sweeps)") from None
 
 
 def run_points(repo: Path, points: list[dict[str, Any]], names: list[str], stages: list[StageInfo],

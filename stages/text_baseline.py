@@ -19,17 +19,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     params = stage_params(args)  # bad params or an unreachable server fail here, before torch is imported
-    from trainlab.tasks.text_baseline import write_baseline
-    from trainlab.tracking.runs import start_run
+    from trainlab.jobs.text_baseline import run
 
-    with start_run(params, stage="text_baseline", device="cpu") as tracker:  # scikit-learn, on the CPU; no torch
-        tracker.log_params({"text": {k: v for k, v in params.text.model_dump().items() if k.startswith("baseline_")},
-                            "base": {"seed": params.base.seed}})
-        result = write_baseline(params, args.data_dir, args.out_dir)
-        tracker.log_metrics({"test_accuracy": result["accuracy"], "test_macro_f1": result["macro_f1"]})
-    print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
-          f"macro-F1 {result['macro_f1']:.4f}; wrote {args.out_dir / 'baseline.json'}")
-    return result
+    return run(params, args.data_dir, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -420,35 +420,6 @@ def test_the_counts_docs_reproducibility_gives_are_todays():
     assert not wrong, f"docs/reproducibility.md: {wrong}"
 
 
-def recorded(path: str) -> str:
-    """`path` as git records it (the index: the last commit, plus what is staged for the next), not the working tree:
-    `scripts/repro` rewrites the reports (the profile's timings every run, the metrics on another CPU kind), and the
-    README quotes the record."""
-    proc = subprocess.run(["git", "show", f":{path}"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"git has no record of {path}: {proc.stderr.strip()}"
-    return proc.stdout
-
-
-def test_the_readme_quotes_the_committed_reports():
-    """The README's row for the committed reports quotes their test metrics and the profile's classifier speed."""
-    readme = (REPO / "README.md").read_text()
-    rows = [line for line in readme.splitlines()
-            if line.startswith("|") and "committed `dvc.lock` and `reports/`" in line]
-    assert len(rows) == 1, "README.md: one Figures row names the committed dvc.lock and reports/"
-    metric = {task: json.loads(recorded(f"reports/{task}/metrics.json"))
-              for task in ("classifier", "segmenter", "text")}
-    classifier = json.loads(recorded("reports/profile/measurements.json"))["classifier"]
-    fastest = max(setting["train_samples_per_s"] for setting in classifier.values())
-    quoted = [f"classifier {metric['classifier']['test_accuracy']:.4f}",
-              f"segmenter mean IoU {metric['segmenter']['test_mean_iou']:.4f}",
-              f"text {metric['text']['test_accuracy']:.4f}",
-              f"TF-IDF baseline {metric['text']['baseline_test_accuracy']:.4f}",
-              f"classifier {fastest:,.0f} samples/s",
-              f"{fastest / classifier['fp32']['train_samples_per_s']:.2f}x fp32"]
-    missing = [text for text in quoted if text not in rows[0]]
-    assert not missing, f"README.md's Figures row does not quote the committed reports: {missing}"
-
-
 def test_the_scaleout_selection_runs_every_test_of_its_table():
     text = (REPO / "docs" / "scaleout.md").read_text()
     table = set(re.findall(r"`(tests/[\w/]+\.py)`", text.split("\n## ", 1)[0]))  # the table above the first section
@@ -529,12 +500,13 @@ def heading_slugs(path: Path) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
-def test_readme_is_short_and_its_stage_table_is_dvc_yaml():
+def test_readme_is_a_page_a_newcomer_reads_and_its_stage_table_is_dvc_yaml():
+    """Lines within 120 columns, no measurement log (its figures are generated: tests/test_figures.py), and one row
+    per dvc.yaml stage, in order."""
     readme = (REPO / "README.md").read_text()
-    assert len(readme.splitlines()) <= 150
+    assert len(readme.splitlines()) <= 300 and max(map(len, readme.splitlines())) <= 120
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    table = dict(re.findall(r"^\| (\w+) \| `(python -m stages\.[^`]+)` \|", readme, flags=re.M))
-    assert table == {name: " ".join(stage["cmd"].split()) for name, stage in stages.items()}
+    assert re.findall(r"^\| `(\w+)` \|", readme, flags=re.M) == list(stages)
 
 
 def test_dvc_dag_draws_every_stage_of_the_readme_table():

@@ -2,97 +2,148 @@
 of this repo that it imports, at module level or inside functions (read from the source, not by running it), plus the
 code of the tasks the stage runs (trainlab.tasks loads it by name), less the code that cannot change an output's
 bytes (NOT_DEPS): so an edit to MLflow plumbing or a progress bar reruns no stage, and one to a model, a loss, the data
-or the code writing the outputs reruns the stages it feeds (shown with real DVC at the end)."""
+or the code writing the outputs reruns the stages it feeds (shown with real DVC at the end). `python -m
+trainlab.dvc_deps` writes them; its `--check` is the test, and fails naming the stage and file on any drift."""
 
 from __future__ import annotations
 
-import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.import_graph import REPO, imports_in, module_file
 from trainlab import tasks
-
-CODE_ROOTS = ("trainlab", "stages")  # the packages whose files are DVC deps; pipelines/ runs DVC, it is not run by it
-
-# Code no stage's outputs depend on: not a dep, and what it alone imports is not one either. Each entry says why.
-NOT_DEPS = {
-    # The MLflow adapter only talks to MLflow. It reaches training only through engine/contract.py's Tracker.failed
-    # (the engine's stop event, set when the store refuses the run: a dep, as part of the engine), and the outputs
-    # an outage spool keeps are copied and put back by trainlab/jobs/outputs.py (a dep).
-    "trainlab/tracking/": "MLflow talk only",
-    # What a training stage logs to MLflow as its raw-input model (the pyfunc flavour); no stage writes an out with it
-    # (the predict command and the served model use it).
-    "trainlab/serving/": "the MLflow model's code",
-    "trainlab/engine/progress.py": "training progress on the terminal",
-}
-
-
-def excluded(path: Path) -> bool:
-    rel = path.as_posix()
-    return any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in NOT_DEPS)
-
-
-def imports_of(path: Path) -> set[str]:
-    """Every module that `path` imports and runs (module level and function bodies, not TYPE_CHECKING)."""
-    return {i.module for i in imports_in(path) if not i.typing_only}
-
-
-def closure(modules: set[str]) -> set[Path]:
-    """The files of `modules` and of everything they import, transitively, with the packages that contain them
-    (importing a.b.c runs a/__init__.py and a/b/__init__.py), except NOT_DEPS and what only they import."""
-    todo, seen, files = list(modules), set(), set()
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        parts = module.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        path = module_file(module, CODE_ROOTS)
-        if path is None or excluded(path.relative_to(REPO)):
-            continue
-        files.add(path.relative_to(REPO))
-        todo.extend(imports_of(path))
-    return files
-
-
-def stage_modules(name: str, cmd: str) -> set[str]:
-    """The module a stage's command runs (`python -m X`), and the code of the tasks that stage runs."""
-    argv = shlex.split(cmd)
-    assert argv[:2] == ["python", "-m"], f"dvc.yaml stage {name}: expected `python -m ...`, got {cmd!r}"
-    modules = {argv[2]}
-    trained = [spec for spec in tasks.REGISTRY.values() if spec.stage == name]
-    if trained:
-        modules.update(spec.code for spec in trained)
-    elif name in ("evaluate", "profile"):  # every registered task
-        modules.update(spec.code for spec in tasks.REGISTRY.values())
-    return modules
-
-
-def code_files(dep: str) -> set[Path]:
-    """The Python files of this repo that a dvc.yaml dep names (a file, or every file under a folder)."""
-    path = REPO / dep
-    if path.is_file():
-        return {Path(dep)} if path.suffix == ".py" else set()
-    return {p.relative_to(REPO) for p in path.rglob("*.py") if "__pycache__" not in p.parts}
-
+from trainlab.dvc_deps import (
+    CODE_DEP,
+    NOT_DEPS,
+    closure,
+    code_files,
+    dep_entries,
+    excluded,
+    imports_of,
+    rewritten,
+    stage_modules,
+    wanted_deps,
+)
+from trainlab.import_graph import REPO
 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_deps_cover_the_code_the_stage_runs_and_no_more(name):
-    stage = STAGES[name]
-    runs = closure(stage_modules(name, stage["cmd"]))
-    deps = [d for d in stage.get("deps", []) if d.split("/")[0] in CODE_ROOTS]
-    declared = {f: d for d in deps for f in code_files(d)}
-    missing = sorted(str(f) for f in runs - set(declared))
-    extra = sorted(f"{f} (from {declared[f]})" for f in set(declared) - runs)
-    assert not missing, f"dvc.yaml stage {name}: runs code that is not among its deps: {missing}"
-    assert not extra, f"dvc.yaml stage {name}: deps on code it does not run: {extra}"
+def dvc_deps(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainlab.dvc_deps", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_dvc_yaml_code_deps_are_what_each_stage_imports():
+    proc = dvc_deps("--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def generated(tmp_path) -> Path:
+    """A copy of dvc.yaml with the code deps written as the command writes them (so that the lead's edits of the
+    code while the tests run do not matter here)."""
+    text = (REPO / "dvc.yaml").read_text()
+    path = tmp_path / "dvc.yaml"
+    path.write_text(rewritten(text, wanted_deps(text)))
+    return path
+
+
+def drifted(text: str) -> str:
+    """`text` with trainlab/engine/step.py gone from train_classifier's deps and an MLflow module added to prepare's."""
+    lines = text.splitlines(keepends=True)
+    stage_start = lines.index("  train_classifier:\n")
+    step = lines.index("      - trainlab/engine/step.py\n", stage_start)
+    del lines[step]
+    lines.insert(lines.index("      - stages/prepare.py\n") + 1, "      - trainlab/tracking/queue.py\n")
+    return "".join(lines)
+
+
+def non_dep_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines(keepends=True) if not CODE_DEP.match(line)]
+
+
+def test_the_check_names_each_stage_and_file_that_drift(generated):
+    assert dvc_deps("--check", str(generated)).returncode == 0
+    generated.write_text(drifted(generated.read_text()))
+    proc = dvc_deps("--check", str(generated))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "dvc.yaml stage train_classifier:\n  missing (the stage runs it): trainlab/engine/step.py\n" in proc.stderr
+    assert "dvc.yaml stage prepare:\n  extra (the stage does not run it): trainlab/tracking/queue.py\n" in proc.stderr
+    assert "stage train_segmenter" not in proc.stderr
+    assert f"fix: python -m trainlab.dvc_deps {generated}" in proc.stderr
+
+
+def test_writing_fixes_the_drift_and_keeps_every_other_line(generated):
+    expected = generated.read_bytes()
+    generated.write_text(drifted(generated.read_text()))
+    proc = dvc_deps(str(generated))
+    assert proc.returncode == 0 and "rewritten" in proc.stdout, proc.stdout + proc.stderr
+    assert generated.read_bytes() == expected
+    assert dvc_deps("--check", str(generated)).returncode == 0
+    assert non_dep_lines(expected.decode()) == non_dep_lines((REPO / "dvc.yaml").read_text())
+    data_deps = yaml.safe_load(expected)["stages"]["train_text"]["deps"][:2]
+    assert data_deps == ["data/prepared/text", "models/text_baseline"]
+
+
+BEFORE = """\
+# top
+stages:
+  a:
+    cmd: python -m stages.a
+    deps:   # why
+    - data/x   # data
+    # a comment
+    - trainlab/old.py
+    - models/y
+    - stages/a.py
+    outs:
+    - trainlab/out.py
+  b:
+    cmd: python -m stages.b
+    deps:
+      - data/z
+    params:
+      - b
+"""
+
+AFTER = """\
+# top
+stages:
+  a:
+    cmd: python -m stages.a
+    deps:   # why
+    - data/x   # data
+    # a comment
+    - stages/a.py
+    - trainlab/new.py
+    - models/y
+    outs:
+    - trainlab/out.py
+  b:
+    cmd: python -m stages.b
+    deps:
+      - data/z
+      - trainlab/b.py
+    params:
+      - b
+"""
+
+
+def test_the_rewrite_reads_the_deps_list_by_indentation_and_keeps_comments():
+    """A stage's code deps go where its first one was (else after its last dep), at that line's indentation; what is
+    not under `deps:` (an out under trainlab/) is left alone."""
+    assert rewritten(BEFORE, {"a": ["stages/a.py", "trainlab/new.py"], "b": ["trainlab/b.py"]}) == AFTER
+
+
+def test_a_folder_is_written_when_every_file_in_it_is_a_dep():
+    every_task = code_files("trainlab/tasks/")
+    assert dep_entries(every_task | {Path("trainlab/__init__.py")}) == ["trainlab/__init__.py", "trainlab/tasks/"]
+    some = every_task - {Path("trainlab/tasks/text.py")}
+    assert dep_entries(some) == sorted(p.as_posix() for p in some)
 
 
 def test_the_analysis_sees_function_level_imports_and_skips_type_checking_ones(tmp_path):

@@ -144,7 +144,7 @@ def test_a_flow_and_a_run_that_never_use_torch_do_not_load_it_for_their_record(t
         import sys
         import pipelines.flow, pipelines.sweep, pipelines.search
         from trainlab.data.prepared import load_meta
-        from trainlab.tasks.text_baseline import write_baseline
+        from trainlab.jobs.text_baseline import write_baseline
         assert load_meta("{tmp_path}")["num_classes"] == 3
         from trainlab.core.config import load_params
         from trainlab.tracking.runs import plan_run

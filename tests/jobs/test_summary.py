@@ -27,7 +27,7 @@ def test_summary_shows_headline_metrics_times_and_the_fastest_setting(tmp_path):
     classifier, segmenter, text = (next(line for line in lines if line.startswith(f"| {t} ")) for t in
                                    ("classifier", "segmenter", "text"))
     assert "accuracy 0.9850" in classifier and "37 s" in classifier
-    assert "bf16_channels_last: 1,250 samples/s, MFU 64%" in classifier
+    assert "bf16_channels_last: 1,250 samples/s, MFU 64.0%" in classifier
     assert "mean IoU 0.9356" in segmenter and "samples/s" not in segmenter
     assert "TF-IDF baseline accuracy 0.7546" in text
 

@@ -15,10 +15,10 @@ from torch import nn
 
 from trainlab.core.config import BaseParams, ClassifierParams, Params, TrainParams
 from trainlab.core.runtime import Runtime, resolve_runtime
-from trainlab.profiling.flops import count_flops, flops_per_step
+from trainlab.profiling.flops import ELEMENTWISE, MATMUL, count_flops, flops_per_step
 from trainlab.profiling.memory import PeakMemory
 from trainlab.profiling.peaks import datasheet_peak_flops, datasheet_peak_for_name, matmul_peak_flops
-from trainlab.profiling.report import DeviceProfile, ModelProfile, markdown_report, metrics_dict
+from trainlab.profiling.report import DeviceProfile, ModelProfile, derived, markdown_report, metrics_dict
 from trainlab.profiling.throughput import make_steps, measure_steps, setting_name, settings_matrix, time_step
 from trainlab.profiling.traces import trace_step
 
@@ -91,6 +91,65 @@ def test_flops_of_a_pooled_classifier_on_images_that_end_at_1x1_are_counted_and_
         assert flops_per_step(task, {k: v[:n] for k, v in batch.items()})["infer"] == \
             count_flops(lambda n=n: task.model.eval()(x[:n]))
     assert 2.0 < flops["train"] / flops["infer"] <= 3.0
+
+
+V, C, L, N = 30, 8, 6, 4  # the text bags' tiny input: vocabulary, classes, tokens per text, texts
+
+
+def text_trainable(model: nn.Module):
+    """What flops_per_step uses of a text Trainable: the model, its batch (token ids) and its loss."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=model, prepare_batch=lambda batch, train, _: (batch["tokens"], batch["labels"]),
+                           loss_fn=F.cross_entropy)
+
+
+def text_batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, V, (N, L), generator=g)
+    tokens[0, 4:] = 0  # a short text: padded
+    return {"tokens": tokens, "labels": torch.randint(0, C, (N,), generator=g)}
+
+
+def test_embedding_bag_flops_match_the_hand_count():
+    from trainlab.models.ngram_bag import NBNgramBag, NgramBag
+
+    batch, dim = text_batch(), 8
+    bag = NgramBag(V, C, L, dim=dim, buckets=16)
+    k = bag.ids(batch["tokens"]).size(1)  # the words and their hashed bigrams, padding included
+    flops = flops_per_step(text_trainable(bag), batch)
+    # forward: the mean of k rows (an add per row and column, a divide per column) and the linear head
+    forward = N * k * dim + N * dim + 2 * N * dim * C
+    # backward: the head's weight and input gradients, and each row's gradient scaled by 1 / bag size and added
+    assert (flops["infer"], flops["train"], flops.basis) == (forward, forward + 4 * N * dim * C + 2 * N * k * dim,
+                                                              MATMUL)
+    nb = NBNgramBag(V, C, L, buckets=16)  # F.embedding_bag with per_sample_weights: a multiply and an add per row
+    assert flops_per_step(text_trainable(nb), batch) == {"train": 4 * N * k * C, "infer": 2 * N * k * C}
+
+
+def test_the_tfidf_bag_is_counted_by_its_multiplies_and_adds():
+    """The TF-IDF bag gathers weight rows (index_select), scales them and sums them: no matmul or embedding bag, so
+    its floating-point multiplies and adds are counted, near the hand count of its weighted row sum."""
+    from trainlab.models.tfidf_bag import TfidfBag
+
+    batch = text_batch()
+    bag = TfidfBag(V, C, L, buckets=16, char_buckets=16)
+    bag.fit_vocabulary([f"w{i}" for i in range(V)])
+    bag.fit_idf(batch["tokens"])
+    slots = bag.word_ids(batch["tokens"]).size(1) + bag.char_ids(batch["tokens"]).size(1)
+    flops = flops_per_step(text_trainable(bag), batch)
+    assert flops.basis == ELEMENTWISE
+    weighted_sum = 2 * N * slots * C  # a multiply and an add per slot and class
+    # on top: the features' L2 normalisation, a few operations per slot (not per class), and the bias
+    assert weighted_sum < flops["infer"] < weighted_sum * (1 + 1.5 / C)
+    # backward: the output gradient scaled per slot and added into the weight's rows: as much again
+    assert 2 * weighted_sum < flops["train"] < 2 * weighted_sum * (1 + 1.5 / C)
+
+
+def test_integer_arithmetic_is_not_counted():
+    ids = torch.arange(1000)
+    assert count_flops(lambda: ids * 3 + 1, elementwise=True) == 0
+    assert count_flops(lambda: ids.float() * 3 + 1, elementwise=True) == 2000
 
 
 # --- peaks -------------------------------------------------------------------------------------------------------
@@ -235,7 +294,35 @@ def test_metrics_and_report_layout():
     report = markdown_report(device, [model], 8, 5, 3, 3, 12.3)
     assert "| `fp32` | 100 | 300 |" in report and "12.5%" in report
     assert "1 GFLOP per training step" in report and "MFU does not apply" not in report
-    # a model without matmuls or convolutions (the TF-IDF text bag): the report says why its MFU means nothing
-    bag = ModelProfile("text", "tfidf_bag", 1000, {"train": 0, "infer": 0}, settings={"fp32": m})
+    # a model whose FLOPs were not counted at all: n/a with the reason, never 0 GFLOP or an MFU of 0
+    timed = {k: v for k, v in m.items() if "gflop" not in k and "mfu" not in k}  # what measure_steps gives
+    bag = ModelProfile("text", "tfidf_bag", 1000, {"train": 0, "infer": 0},
+                       settings={"fp32": derived(timed, {"train": 0, "infer": 0}, 8, 1e11, None)})
     bag_report = markdown_report(device, [bag], 8, 5, 3, 3, 12.3)
-    assert "MFU does not apply" in bag_report and "0 GFLOP per training step" not in bag_report
+    assert "MFU does not apply (n/a)" in bag_report and "0 GFLOP" not in bag_report
+    assert "| `fp32` | 100 | 300 | 80 | n/a | n/a | n/a |" in bag_report
+    assert "train_mfu" not in metrics_dict(device, [bag], 1.0)["text"]["fp32"]
+
+
+def test_the_report_gives_a_memory_bound_text_bag_its_flops_and_a_nonzero_mfu():
+    """The TF-IDF bag, counted: the report shows its GFLOP (never 0) and an MFU with significant digits."""
+    from trainlab.models.tfidf_bag import TfidfBag
+
+    batch = text_batch()
+    model = TfidfBag(V, C, L, buckets=16, char_buckets=16)
+    model.fit_idf(batch["tokens"])
+    flops = flops_per_step(text_trainable(model), batch)
+    device = DeviceProfile("cuda", "test gpu", 2, "cuda_allocator", {"fp32": 5e13}, {}, torch.__version__)
+    m = {"train_samples_per_s": 20000.0, "infer_samples_per_s": 90000.0, "train_step_ms": 0.2, "infer_step_ms": 0.05,
+         "train_peak_memory_mb": 900, "infer_peak_memory_mb": 850, "train_spread": 0.05, "infer_spread": 0.1,
+         "train_steps": 5, "infer_steps": 5, "train_warmup_s": 0.3, "train_warmup_steps": 3}
+    measured = derived(m, flops, N, device.matmul_peak["fp32"], None)
+    assert 0 < measured["train_mfu"] < 5e-4  # memory-bound: far below 0.05% of the matmul peak
+    report = markdown_report(device, [ModelProfile("text", "tfidf_bag", 1000, flops, settings={"fp32": measured})],
+                             N, 5, 3, 3, 1.0)
+    assert f"{flops['train'] / 1e9:.3g} GFLOP per training step" in report and "0 GFLOP" not in report
+    assert "floating-point multiplies and adds" in report and "MFU does not apply" not in report
+    row = next(line for line in report.splitlines() if line.startswith("| `fp32`")).split(" | ")
+    train_mfu, infer_mfu = row[5], row[6]  # after setting, samples/s (train, infer), step ms, GFLOP/s
+    assert train_mfu == f"{100 * measured['train_mfu']:.2g}%" and float(train_mfu.rstrip("%")) > 0
+    assert infer_mfu == f"{100 * measured['infer_mfu']:.2g}%" and float(infer_mfu.rstrip("%")) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,7 +116,12 @@ def test_text_weight_decay_auto_keeps_the_head_with_the_lowest_validation_loss(t
     assert float(last[f"val_accuracy_wd_{best}"]) == pytest.approx(candidates[best]["val_accuracy"], abs=1e-6)
     record = json.loads((trained / "reports/text/run.json").read_text())
     params = mlflow.MlflowClient(f"sqlite:///{trained}/mlflow.db").get_run(record["mlflow_run_id"]).data.params
-    assert params["text.weight_decay"] == "auto" and float(params["text.chosen.weight_decay"]) == float(best)
+    # the params as resolved: the candidates that auto became (also under auto.*), and the one the split chose
+    from trainlab.core.auto import WEIGHT_DECAY_CANDIDATES
+
+    for key in ("text.weight_decay", "auto.text.weight_decay"):
+        assert [float(v) for v in re.findall(r"[\d.e-]+", params[key])] == list(WEIGHT_DECAY_CANDIDATES), params[key]
+    assert float(params["text.chosen.weight_decay"]) == float(best)
     saved = load_saved_model(trained / "models/text", "text")
     assert saved.model.weight_decays == () and saved.model.weight.shape[1] == saved.info["meta"]["num_classes"]
 
@@ -253,8 +259,9 @@ def test_the_text_baseline_is_fitted_by_its_own_stage_and_read_by_the_text_train
     a missing file is a clear error naming it."""
     from trainlab.core.config import Params
     from trainlab.core.errors import DataError, ParamsError
+    from trainlab.data.baseline import read_baseline
+    from trainlab.jobs.text_baseline import write_baseline
     from trainlab.tasks.text import text_baseline
-    from trainlab.tasks.text_baseline import read_baseline, write_baseline
 
     data = tmp_path / "text"
     data.mkdir()

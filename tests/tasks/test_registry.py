@@ -15,7 +15,7 @@ from trainlab.core.config import ClassifierParams, Params
 from trainlab.data.prepared import save_meta, save_split
 from trainlab.engine.contract import Trainable
 from trainlab.tasks.base import TaskCode
-from trainlab.tasks.metrics import metric_collection
+from trainlab.tasks.metrics import METRICS, metric_collection
 
 # --- a toy fourth task: is x above y? two small-integer coordinates in, two classes out -------------------------
 
@@ -47,7 +47,8 @@ class ToyCode(TaskCode):
 
 
 CODE = ToyCode()
-TOY = tasks.TaskSpec("toy", "toy", "points", "labels", ("num_classes",), "accuracy", __name__, section="classifier")
+TOY = tasks.TaskSpec("toy", "toy", "points", "labels", ("num_classes",), METRICS["classifier"], __name__,
+                     section="classifier")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from trainlab.engine.metrics import update_in_chunks
 from trainlab.models.classifier import build_classifier
 from trainlab.tasks import get
 from trainlab.tasks.classifier import feature_layers, feature_maps
-from trainlab.tasks.metrics import class_metric_keys, classification_metrics, segmentation_metrics
+from trainlab.tasks.metrics import METRICS, class_metric_keys, classification_metrics, segmentation_metrics
 from trainlab.tasks.scoring import SHIFTS, confusion_rows, predict_logits, summarize
 
 
@@ -145,7 +145,7 @@ def test_summaries_and_names():
     assert class_metric_keys(["background", "a.b", "a b", "", "a_b"], 5) == ["background", "a_b", "a_b_2", "3", "a_b_4"]
     metrics = classification_metrics(2)
     update_in_chunks(metrics, torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]), 2)
-    summary = summarize(metrics.compute(), ("accuracy", "macro_f1"), ("precision", "recall"), ["no", "yes"], 3)
+    summary = summarize(metrics.compute(), METRICS["classifier"], ["no", "yes"], 3)
     assert summary == {"accuracy": pytest.approx(2 / 3, abs=1e-6), "macro_f1": pytest.approx(2 / 3, abs=1e-6),
                        "precision": {"no": 1.0, "yes": 0.5}, "recall": {"no": 0.5, "yes": 1.0}, "test_samples": 3}
     assert numbers({"classifier": summary, "flag": True})["classifier.precision.yes"] == 0.5

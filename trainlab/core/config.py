@@ -9,17 +9,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from trainlab.core.errors import ParamsError
+from trainlab.core.section import Section
+from trainlab.core.training_params import (  # noqa: F401 - the training sections, imported from here by most code
+    ClassifierParams,
+    SegmenterParams,
+    TextParams,
+    TrainParams,
+)
 
 DEFAULT_PARAMS = Path("params.yaml")
-
-
-class Section(BaseModel):
-    """A params section: unknown keys are errors, values are checked on assignment too."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
 
 class DistributedParams(Section):
@@ -99,189 +100,6 @@ class DataParams(Section):
     classification: ClassificationData = ClassificationData()
     segmentation: SegmentationData = SegmentationData()
     text: TextData = TextData()
-
-
-InitScheme = Literal["default", "kaiming", "xavier", "orthogonal", "normal"]
-# The types of the training keys whose default differs per section: each section restates its default with the same
-# type and range (params.yaml's value; tests/core/test_defaults.py holds the two equal)
-Epochs = Annotated[int, Field(ge=1, le=10_000)]
-MinSteps = Annotated[int | None, Field(ge=1, le=1_000_000)]
-BatchSize = Annotated[int, Field(ge=1, le=65536)]
-Optimizer = Literal["adamw", "sgd"]
-LearningRate = Annotated[float, Field(gt=0, le=10)]
-WeightDecay = Annotated[float, Field(ge=0, le=1)]
-WarmupEpochs = Annotated[float, Field(ge=0)]
-LabelSmoothing = Annotated[float, Field(ge=0, lt=1)]
-
-
-class TrainParams(Section):
-    """Optimisation settings shared by the three training stages (the defaults of a bare engine run; each section
-    states its own, params.yaml's)."""
-
-    init: InitScheme = "default"
-    epochs: Epochs = 10
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
-    # a budget that follows the data: epochs are raised until training takes at least this many optimizer steps, so a
-    # data set of 40 images gets as many updates as one of 4,000 (trainlab.tasks.resolve; null: epochs as set)
-    min_steps: MinSteps = None
-    batch_size: BatchSize = 128
-    optimizer: Optimizer = "adamw"
-    lr: LearningRate = 1e-3
-    weight_decay: WeightDecay = 0.0
-    warmup_epochs: WarmupEpochs = 0.0
-    schedule: Literal["cosine", "constant"] = "cosine"
-    grad_clip: float | None = Field(1.0, gt=0)
-    accumulation_steps: int = Field(1, ge=1, le=1024)
-    label_smoothing: LabelSmoothing = 0.0
-    ema_decay: float | None = Field(None, gt=0, lt=1)
-    activation_checkpointing: bool = False
-    augment: bool = True
-    # recompute BatchNorm statistics from training batches before each validation (Wu and Johnson 2021); auto: when
-    # an epoch has fewer than 50 optimizer steps, too few for BatchNorm's running averages to settle (small data).
-    # auto for the classifier; off elsewhere (on the segmenter's thin-structure crops it lowered the cell Dice)
-    precise_bn: bool | Literal["auto"] = False
-    checkpoint_every_steps: int = Field(0, ge=0, description="0: a checkpoint at each epoch end only")
-
-    @property
-    def epoch_repeats(self) -> int:
-        """Times each training sample is drawn in one epoch (the segmenter's crops per image; else 1)."""
-        return 1
-
-    @property
-    def augments(self) -> bool:
-        """Whether training batches are augmented at all (the classifier's augment is a kind, "none" for off)."""
-        return self.augment not in (False, "none")
-
-    @property
-    def optimizer_weight_decay(self) -> float:
-        """The weight decay the engine's optimizer applies (0 where the model regularises itself)."""
-        return self.weight_decay
-
-
-class ClassifierParams(TrainParams):
-    init: InitScheme = "kaiming"
-    epochs: Epochs = 9
-    # auto: 480, and 8x that with CutMix (trainlab.tasks.resolve.resolve_training: mixed images train longer)
-    min_steps: MinSteps | Literal["auto"] = "auto"
-    batch_size: BatchSize = 64
-    lr: LearningRate = 0.003
-    weight_decay: WeightDecay = 0.05
-    warmup_epochs: WarmupEpochs = 1.0
-    label_smoothing: LabelSmoothing = 0.05
-    arch: Literal["resnet_small", "resnet18", "mobilenet_v3_small", "efficientnet_b0"] = "resnet_small"
-    width: int = Field(48, ge=4, le=512)
-    stem_pool: Annotated[int, Field(ge=1, le=8)] | Literal["auto"] = Field(
-        "auto", description="resnet_small: max-pool the stem's output by this factor (1: none), so that the residual "
-        "stages run at a lower resolution; auto: 4 for images of 64 px a side and more, else 2")
-    stem_pool_first: bool = Field(True, description="resnet_small: max-pool the stem conv's output before its "
-                                  "BatchNorm and ReLU (a quarter of their work at full resolution); false: after")
-    pretrained: str | None = None
-    freeze_backbone: bool = False
-    head_lr: float | None = Field(None, gt=0, le=10)
-    precise_bn: bool | Literal["auto"] = "auto"
-    # shift: 2-pixel shifts (and mirrors where data.classification.hflip allows), for digits, letters, scans and small
-    # fixed-size images; photo: torchvision's random resized crops and mirrors, for photos; none. auto: what prepare
-    # found the images to be (meta.json "augment": photo for colour images of varied or large sizes, else shift)
-    augment: Literal["auto", "shift", "photo", "none"] = "auto"
-    # CutMix (Yun et al. 2019) on the training batches; auto: with photo augmentation, as torchvision's recipes mix
-    # photos (images of digits, letters or scans are not mixed)
-    cutmix: bool | Literal["auto"] = "auto"
-
-    @field_validator("augment", mode="before")
-    @classmethod
-    def _augment_bool(cls, value: Any) -> Any:
-        return {True: "auto", False: "none"}.get(value, value) if isinstance(value, bool) else value
-
-
-class SegmenterParams(TrainParams):
-    init: InitScheme = "kaiming"
-    epochs: Epochs = 6
-    min_steps: MinSteps = 600
-    batch_size: BatchSize = 32
-    lr: LearningRate = 0.006
-    weight_decay: WeightDecay = 0.01
-    warmup_epochs: WarmupEpochs = 1.0
-    base_channels: int = Field(16, ge=4, le=256)
-    depth: int = Field(3, ge=1, le=6)
-    depthwise_separable: bool = False
-    full_res_convs: int = Field(1, ge=1, le=2, description="3x3 convs in the two full-resolution blocks (the "
-                                "encoder's first, the decoder's last): 2 as in U-Net, 1 for less compute there")
-    skip_merge: Literal["concat", "add"] = Field("add", description="how the decoder merges the encoder's skip "
-                                                 "below full resolution: concat (U-Net) or add (half the input "
-                                                 "channels of those decoder blocks); full resolution always concats")
-    dice_weight: float = Field(0.5, ge=0, le=10)
-    # auto: crops of AUTO_CROP (trainlab.tasks.resolve) where the stored images are more than twice that a side,
-    # else whole images; val and test always see whole images
-    crop_size: Annotated[int, Field(ge=8, le=8192)] | None | Literal["auto"] = Field(
-        "auto", description="train on random square crops of this size (null: whole images; auto: by image size)")
-    # crops of each image in an epoch; auto: the image's area over the crop's (an epoch covers each image about once)
-    crops_per_image: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = "auto"
-
-    @property
-    def epoch_repeats(self) -> int:
-        return self.crops_per_image if isinstance(self.crops_per_image, int) and self.crop_size else 1
-    inference_tile: Annotated[int, Field(ge=16, le=8192)] | None | Literal["auto"] = Field(
-        "auto", description="val/test: predict images larger than this in overlapping tiles of this size (null: "
-        "whole images at once; auto: tiles only for images over AUTO_TILE a side)")
-
-
-# text.weight_decay auto for each text.arch: what the optimizer applies (the transformer's and the bags' documented
-# values; the TF-IDF bag's heads regularise themselves)
-AUTO_WEIGHT_DECAY = {"transformer": 0.01, "ngram_bag": 0.0, "nb_bag": 0.0, "tfidf_bag": 0.0}
-
-
-class TextParams(TrainParams):
-    init: InitScheme = "xavier"
-    min_steps: MinSteps = 400
-    optimizer: Optimizer = "sgd"  # with weight_decay as L2: the TF-IDF bag's logistic-regression objective
-    lr: LearningRate = 3.0
-    augment: bool = False
-    arch: Literal["transformer", "ngram_bag", "nb_bag", "tfidf_bag"] = "tfidf_bag"
-    # auto: tfidf_bag trains one head per candidate (trainlab.models.tfidf_bag.WEIGHT_DECAY_CANDIDATES) and keeps
-    # the one the validation split chooses; the other archs take the value they are documented to want
-    weight_decay: float | Literal["auto"] = "auto"  # (a plain float in the union: searchable as a float range)
-    d_model: int = Field(128, ge=8, le=4096)
-    n_heads: int = Field(4, ge=1, le=64)
-    n_layers: int = Field(2, ge=1, le=48)
-    dim_feedforward: int = Field(256, ge=8)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    pooling: Literal["mean", "cls"] = "mean"
-    embedding_dropout: float = Field(0.0, ge=0, lt=1, description="transformer: dropout on the token embeddings")
-    ngrams: int = Field(2, ge=1, le=3, description="n-gram bags: words and their 2..ngrams-grams")
-    buckets: int = Field(65536, ge=1, le=2**24, description="n-gram bags: hash buckets for the n-grams")
-    char_ngrams: tuple[int, int] | None = Field((3, 5), description="tfidf_bag: [low, high] characters of the "
-                                                "n-grams of each word, or null for none")
-    char_buckets: int = Field(65536, ge=1, le=2**24, description="tfidf_bag: hash buckets for character n-grams")
-    baseline_max_features: int = Field(50000, ge=10)
-    baseline_C: float = Field(1.0, gt=0)
-
-    @property
-    def optimizer_weight_decay(self) -> float:
-        if self.weight_decay != "auto":
-            return self.weight_decay
-        return AUTO_WEIGHT_DECAY[self.arch]  # tfidf_bag: 0, its heads carry their own L2
-
-    @field_validator("weight_decay")
-    @classmethod
-    def _decay_range(cls, value: float | str) -> float | str:
-        if value != "auto" and not 0 <= value <= 1:
-            raise ValueError(f"must be a number from 0 to 1, or auto; got {value}")
-        return value
-
-    @field_validator("n_heads")
-    @classmethod
-    def _heads_divide_width(cls, n_heads: int, info) -> int:
-        d_model = info.data.get("d_model")
-        if d_model is not None and d_model % n_heads:
-            raise ValueError(f"must divide text.d_model ({d_model})")
-        return n_heads
-
-    @field_validator("char_ngrams")
-    @classmethod
-    def _char_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
-        if value is not None and not 1 <= value[0] <= value[1] <= 8:
-            raise ValueError(f"must be [low, high] with 1 <= low <= high <= 8, got {list(value)}")
-        return value
 
 
 class EvaluateParams(Section):

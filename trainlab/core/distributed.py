@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainlab.core import auto
 from trainlab.core.config import DistributedParams
 
 
@@ -53,7 +54,7 @@ def setup(p: DistributedParams, device_type: str) -> DistContext:
     """Join the process group torchrun prepared (no-op outside torchrun)."""
     if not under_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return DistContext()
-    backend = p.backend if p.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    backend = auto.backend(p.backend, device_type)
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not dist.is_initialized():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from trainlab.core import auto
+from trainlab.core.auto import CUDA_BF16_MIN_TRAIN_GFLOP  # noqa: F401 - re-exported
 from trainlab.core.config import BaseParams
 from trainlab.core.repro import configure_determinism
 
@@ -63,12 +65,7 @@ def cpu_supports_bf16() -> bool:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+    name = auto.device(name, torch.cuda.is_available(), torch.backends.mps.is_available())
     if name == "cuda" and not torch.cuda.is_available():
         from trainlab.core.errors import ParamsError
 
@@ -76,31 +73,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-# On a GPU a small model's step is bound by kernel launches, not arithmetic, and autocast adds cast kernels: bf16
-# was slower than fp32 (TF32) for the classifier at batch 128 (28 GFLOP per training step), the segmenter at 32
-# (28 GFLOP) and the text model at 128 (11 GFLOP), and faster at 228 GFLOP (classifier, batch 1024) and 222 GFLOP
-# (segmenter, batch 256); one H200, 2026-11-30, eager and graphed steps. Below this many GFLOP per training step
-# `precision: auto` keeps fp32 on CUDA. A fixed rule, not a timing, so that the same params compute the same numbers.
-CUDA_BF16_MIN_TRAIN_GFLOP = 100.0
-
-
 def cuda_auto_precision(train_gflop_per_step: float) -> str:
-    """What `precision: auto` means on CUDA for a step of this many GFLOP (see CUDA_BF16_MIN_TRAIN_GFLOP)."""
-    if train_gflop_per_step < CUDA_BF16_MIN_TRAIN_GFLOP:
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    """What `precision: auto` means on CUDA for a step of this many GFLOP (trainlab.core.auto.cuda_precision)."""
+    return auto.cuda_precision(train_gflop_per_step, torch.cuda.is_bf16_supported())
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
     """The precision for `name` before the model is known; on CUDA `auto` is settled per model by
     trainlab.jobs.train.settle_auto_precision (bf16 here is its answer for a large step)."""
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if device.type == "cpu":
-        return "bf16" if cpu_supports_bf16() else "fp32"
-    return "fp32"
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return auto.precision(name, device.type, cuda_bf16, device.type == "cpu" and cpu_supports_bf16())
 
 
 # glibc's malloc hands memory back to the system when more than its trim threshold lies free at the top of the heap,

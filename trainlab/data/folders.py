@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainlab.core import auto
+from trainlab.core.auto import AUTO_KEEP_MAX, AUTO_PHOTO_SIZE, AUTO_SEGMENTATION_MAX  # noqa: F401 - re-exported
 from trainlab.core.errors import DataError
 from trainlab.data.bad_files import BadFiles
 from trainlab.data.images import Probe, probe_image
@@ -22,13 +24,6 @@ CLASS_NAMES_FILE = "classes.txt"
 SPLIT_FOLDERS = ("train", "val", "test")
 FLAT = "all"  # the one "split" of a folder without split folders
 
-# image_size "auto", classification: images that all share one size no larger than AUTO_KEEP_MAX a side are kept as
-# they are; anything else (photos) is resized to AUTO_PHOTO_SIZE (shorter side, then the centre square).
-# Segmentation keeps the images' own resolution (thin structures vanish when shrunk: training takes crops, inference
-# whole images or tiles); only images that differ in size, or exceed AUTO_SEGMENTATION_MAX a side, are stretched.
-AUTO_KEEP_MAX = 96
-AUTO_PHOTO_SIZE = 96
-AUTO_SEGMENTATION_MAX = 1024
 
 
 @dataclass
@@ -173,29 +168,15 @@ def probe_files(paths: Sequence[Path], bad: BadFiles, workers: int | None = None
 
 def choose_policy(probes: Sequence[Probe], image_size: int | str, task: str, key: str) -> tuple[ImagePolicy, str]:
     """The resize policy for files with these headers, and why: gray when every file is gray, else RGB; `image_size`
-    "auto" as AUTO_KEEP_MAX and AUTO_SEGMENTATION_MAX say; a number resizes to it (classification: shorter side, then
+    auto as trainlab.core.auto.image_size says; a number resizes to it (classification: shorter side, then
     the centre square; segmentation: the whole image stretched)."""
     if not probes:
         raise DataError(f"{key}: no readable image files")
     channels = 3 if any(p.channels == 3 for p in probes) else 1
     sizes = {(p.height, p.width) for p in probes}
     resize = CROP if task == "classifier" else STRETCH
-    if image_size != "auto":
-        return ImagePolicy(channels, int(image_size), int(image_size), resize), "set in params"
-    (height, width), one_size = max(sizes), len(sizes) == 1
-    if task == "classifier":
-        if one_size and max(height, width) <= AUTO_KEEP_MAX:
-            return ImagePolicy(channels, height, width, KEEP), f"kept: every image is {height}x{width}"
-        what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"
-        return (ImagePolicy(channels, AUTO_PHOTO_SIZE, AUTO_PHOTO_SIZE, resize),
-                f"{AUTO_PHOTO_SIZE}: {what}, shorter side resized, centre square")
-    if one_size and max(height, width) <= AUTO_SEGMENTATION_MAX:
-        return (ImagePolicy(channels, height, width, KEEP),
-                f"kept at their own resolution: every image is {height}x{width}")
-    side = min(AUTO_SEGMENTATION_MAX, int(np.median([max(p.height, p.width) for p in probes])))
-    what = f"{len(sizes):,} image sizes" if not one_size else f"images of {height}x{width}"
-    return (ImagePolicy(channels, side, side, STRETCH),
-            f"{side}: {what}, stretched to one size (the median side, at most {AUTO_SEGMENTATION_MAX})")
+    height, width, keep, why = auto.image_size(image_size, task, sizes, [max(p.height, p.width) for p in probes])
+    return ImagePolicy(channels, height, width, KEEP if keep else resize), why
 
 
 def image_kind(probes: Sequence[Probe]) -> tuple[str, str]:

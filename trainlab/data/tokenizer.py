@@ -25,7 +25,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainlab.core import auto
 from trainlab.core.atomic import write_json
+
+# max_length auto (its rule and constants): trainlab.core.auto
+from trainlab.core.auto import (  # noqa: F401 - re-exported
+    AUTO_LENGTH_CAP,
+    AUTO_LENGTH_PERCENTILE,
+    AUTO_LENGTH_STEP,
+    auto_max_length,
+)
 from trainlab.core.errors import DataError
 
 PAD, UNK, CLS = "[PAD]", "[UNK]", "[CLS]"
@@ -38,12 +47,6 @@ MENTION_RE = re.compile(r"@\w+")
 HASHTAG_RE = re.compile(r"#(\w+)")
 TOKEN_RE = re.compile(r"<url>|<user>|<hashtag>|\w+(?:'\w+)*|[^\w\s]")
 
-# max_length auto: the training texts' length (tokens, [CLS] included) at this percentile, rounded up to a multiple of
-# AUTO_LENGTH_STEP, at most AUTO_LENGTH_CAP: the prepared tokens (N x max_length int64), a bag's step (its features
-# per text grow with the length) and a Transformer's attention (with its square) stay bounded on long documents
-AUTO_LENGTH_PERCENTILE = 99
-AUTO_LENGTH_STEP = 8
-AUTO_LENGTH_CAP = 512
 
 
 def normalize(text: str, lowercase: bool = True) -> str:
@@ -56,23 +59,6 @@ def normalize(text: str, lowercase: bool = True) -> str:
 def split_tokens(text: str, lowercase: bool = True) -> list[str]:
     """The tokens of one text after normalisation."""
     return TOKEN_RE.findall(normalize(text, lowercase))
-
-
-def auto_max_length(lengths: Sequence[int] | np.ndarray) -> tuple[int, str]:
-    """max_length auto for texts of these lengths in tokens ([CLS] included): the AUTO_LENGTH_PERCENTILE-th
-    percentile rounded up to a multiple of AUTO_LENGTH_STEP, at most AUTO_LENGTH_CAP; with why, in one line."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size == 0:
-        raise ValueError("max_length auto needs at least one training text")
-    at = int(np.percentile(lengths, AUTO_LENGTH_PERCENTILE, method="higher"))
-    value = min(AUTO_LENGTH_CAP, -(-at // AUTO_LENGTH_STEP) * AUTO_LENGTH_STEP)
-    cut = float((lengths > value).mean())
-    capped = f", above the cap of {AUTO_LENGTH_CAP}" if value < at else \
-        f", rounded up to a multiple of {AUTO_LENGTH_STEP}"
-    why = (f"{AUTO_LENGTH_PERCENTILE}% of the {lengths.size:,} training texts have at most {at:,} tokens ([CLS] "
-           f"included; median {int(np.median(lengths)):,}, longest {int(lengths.max()):,}){capped}; "
-           f"{100 * cut:.1f}% of them are cut")
-    return value, why
 
 
 class Tokenizer:
@@ -93,17 +79,15 @@ class Tokenizer:
     @classmethod
     def fit(cls, texts: Iterable[str], vocab_size: int, min_frequency: int, max_length: int | str,
             lowercase: bool = True, oov_buckets: int = 0) -> Tokenizer:
-        """Build the vocabulary from (training) texts only; max_length "auto" is resolved from their lengths
-        (`auto_max_length`; why in ``max_length_why``)."""
+        """Build the vocabulary from (training) texts only; max_length auto is resolved from their lengths
+        (trainlab.core.auto.max_length; why in ``max_length_why``)."""
         counts: Counter[str] = Counter()
         lengths = []
         for text in texts:
             tokens = split_tokens(text, lowercase)
             counts.update(tokens)
             lengths.append(len(tokens) + 1)  # [CLS] included, as encode_with_lengths counts
-        why = None
-        if max_length == "auto":
-            max_length, why = auto_max_length(lengths)
+        max_length, why = auto.max_length(max_length, lengths)
         frequent = sorted((t for t, c in counts.items() if c >= min_frequency), key=lambda t: (-counts[t], t))
         tokenizer = cls([*SPECIAL_TOKENS, *frequent[:vocab_size - len(SPECIAL_TOKENS)]], max_length, lowercase,
                         oov_buckets)

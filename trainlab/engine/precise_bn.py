@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from trainlab.core import auto
+from trainlab.core.auto import PRECISE_BN_BELOW_STEPS  # noqa: F401 - re-exported
 from trainlab.core.runtime import Runtime
 
-# "auto" recomputes when an epoch has fewer optimizer steps than this (a few hundred images a class, say)
-PRECISE_BN_BELOW_STEPS = 50
 PRECISE_BN_BATCHES = 50  # training batches averaged at most
 
 
@@ -26,7 +26,7 @@ def wanted(setting: bool | str, model: nn.Module, updates_per_epoch: int, distri
     than PRECISE_BN_BELOW_STEPS optimizer steps. Not under DDP, where each rank would average its own batches."""
     if distributed or not batchnorms(model):
         return False
-    return updates_per_epoch < PRECISE_BN_BELOW_STEPS if setting == "auto" else bool(setting)
+    return auto.precise_bn(setting, updates_per_epoch)
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainlab.core import auto
 from trainlab.core.config import TrainParams
 from trainlab.core.repro import derived_seed, generator
 from trainlab.core.runtime import Runtime
@@ -28,10 +29,9 @@ def graphs_plan(setting: bool | str, runtime: Runtime, cfg: TrainParams, distrib
                 ) -> tuple[bool, str | None]:
     """Whether the step is captured as a CUDA graph (`base.cuda_graphs`: auto, true or false), and why not when it
     cannot be (None when there is nothing to say: graphs on, off by request, or auto on a CPU)."""
-    if setting is False or setting == "false":
-        return False, None
-    if runtime.device.type != "cuda":
-        return False, None if setting == "auto" else f"{runtime.device.type} is not a CUDA device"
+    wanted, why = auto.cuda_graphs(setting, runtime.device.type)
+    if wanted is False:
+        return False, why
     reasons = [
         (distributed, "DDP's gradient all-reduce runs in backward hooks outside the graph"),
         (runtime.compile, "torch.compile manages its own graphs (compile's mode='reduce-overhead')"),

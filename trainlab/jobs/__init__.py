@@ -1,2 +1,2 @@
-"""The stage bodies: prepare, train (and its command line), evaluate, profile, the summary and the pictures
-(stages/ holds the command lines; the text baseline is the text task's, in trainlab.tasks.text_baseline)."""
+"""The stage bodies, one module each (prepare, text_baseline, train and its command line, evaluate, profile), each
+owning its MLflow tracking; and the summary and the pictures. stages/ holds only the command lines."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainlab.core import auto
+from trainlab.core.atomic import atomic_dir, write_json
 from trainlab.core.config import Params
 from trainlab.core.errors import DataError
 from trainlab.data import sources, stats
@@ -71,13 +74,9 @@ def classification_choices(params: Params, data: sources.ImageSplits) -> dict[st
         kind, why = "fixed", f"{cfg.source}: small images of one size, whose classes a mirror keeps"
     else:
         kind, why = "fixed", f"{cfg.source}: digits (a mirror or a heavy crop can change the class)"
-    mirror = kind == "photo" or cfg.source in sources.MIRROR_SAFE_SOURCES
-    choices = {"augment": {"value": "photo" if kind == "photo" else "shift", "why": why}}
-    if cfg.hflip == "auto":
-        choices["hflip"] = {"value": mirror, "why": why}
-    if data.policy is not None and cfg.image_size == "auto":
-        choices["image_size"] = {"value": size_value(data.policy), "why": data.size_why}
-    return choices
+    size = (size_value(data.policy), data.size_why) if data.policy is not None else None
+    return auto.classification_data(cfg.hflip, cfg.image_size, kind, why, cfg.source in sources.MIRROR_SAFE_SOURCES,
+                                    size)
 
 
 def size_value(policy: ImagePolicy) -> int | str:
@@ -155,8 +154,8 @@ def prepare_segmentation(params: Params, folder: Path, log: Log, workers: int | 
     size = policy.size()
     counts = stats.sample_counts({s: written[s].count for s in sources.SPLITS})
     symmetries = segmentation_symmetries(params)
-    seg_choices = ({"image_size": {"value": size_value(data.policy), "why": data.size_why}}
-                   if data.policy is not None and seg.image_size == "auto" else {})
+    seg_choices = auto.segmentation_size(seg.image_size, (size_value(data.policy), data.size_why)
+                                         if data.policy is not None else None)
     save_image_preprocessing(folder, "segmenter", policy, data.class_names)
     save_meta(folder, {"task": "segmenter", "source": data.description, "num_classes": num_classes,
                        "class_names": data.class_names, "counts": counts, "hflip": False,
@@ -232,3 +231,27 @@ def prepare_all(params: Params, out_dir: str | Path, allow_download: bool = Fals
         "segmentation": prepare_segmentation(params, out_dir / "segmentation", log, workers),
         "text": prepare_text(params, out_dir / "text", log),
     }
+
+
+def log_line(message: str) -> None:
+    print(f"prepare: {message}", flush=True)
+
+
+def run(params: Params, out_dir: Path, stats_file: Path, allow_download: bool = False, log: Log = log_line
+        ) -> dict[str, Any]:
+    """The prepare stage: `out_dir` (replaced whole on success) and the statistics file, inside the stage's MLflow
+    run (what it read: the data section and the seed; the statistics as metrics and an artifact)."""
+    from trainlab.core.flatten import numbers
+    from trainlab.tracking.runs import start_run
+
+    started = time.perf_counter()
+    with start_run(params, stage="prepare") as tracker:
+        tracker.log_params({"data": params.data.model_dump(mode="json"), "base": {"seed": params.base.seed}})
+        with atomic_dir(out_dir) as staging:
+            stats = prepare_all(params, staging, allow_download=allow_download, log=log)
+        write_json(stats_file, stats)
+        seconds = time.perf_counter() - started
+        tracker.log_metrics({**numbers(stats, safe_keys=True), "prepare_seconds": round(seconds, 3)})
+        tracker.log_dict(stats, "data_stats.json")
+    log(f"wrote {out_dir} and {stats_file} in {seconds:.1f} s")
+    return stats

@@ -17,16 +17,18 @@ from trainlab.core.flatten import numbers
 from trainlab.core.runtime import Runtime, resolve_runtime
 from trainlab.engine.batches import Batch
 from trainlab.engine.contract import Trainable
-from trainlab.profiling.flops import flops_per_step
+from trainlab.profiling.flops import MATMUL, flops_per_step
 from trainlab.profiling.memory import memory_kind, write_cuda_memory_snapshot
 from trainlab.profiling.peaks import datasheet_key, datasheet_peak_flops, matmul_peak_flops
 from trainlab.profiling.report import (
     DeviceProfile,
     ModelProfile,
     derived,
+    gflop,
     headline_metrics,
     markdown_report,
     metrics_dict,
+    percent,
     throughput_chart,
 )
 from trainlab.profiling.throughput import Steps, make_steps, measure_steps, setting_name, settings_matrix
@@ -133,7 +135,7 @@ def caveats(models: list[ModelProfile], seconds: float, budget_s: float | None, 
                      "were shortened (down to 1 warm-up step and 1 step per repeat): the machine was slower, or "
                      "busier, than the budget assumes.")
     settings = [m for model in models for m in model.settings.values()]
-    if any(m[f"{phase}_mfu"] > 1 for m in settings for phase in ("train", "infer")):
+    if any(m.get(f"{phase}_mfu", 0) > 1 for m in settings for phase in ("train", "infer")):
         notes.append("An MFU above 100% means the matmul peak was measured low, most likely because other "
                      "processes were busy on the device during that measurement: rerun on a quiet machine.")
     if any(m["train_steps"] < steps or m["infer_steps"] < steps for m in settings):
@@ -144,13 +146,13 @@ def caveats(models: list[ModelProfile], seconds: float, budget_s: float | None, 
 
 
 def profile_models(params: Params, data_root: str | Path, models_root: str | Path, out_dir: str | Path,
-                   tasks: Sequence[str] | None = None, time_budget_s: float | None | str = "auto",
+                   tasks: Sequence[str] | None = None, time_budget_s: float | None = None,
                    log: Log = log_line) -> ProfileOutcome:
     """Profile each trained model: throughput per setting, FLOPs, MFU, peak memory, a trace; write
     `out_dir/{metrics.json,measurements.json,report.md,throughput.png,trace_<task>.json,top_ops_<task>.txt}`
     (and on CUDA `memory_snapshot_<task>.json`) atomically, and log them all to one MLflow run (stage "profile").
 
-    `time_budget_s`: "auto" is CPU_TIME_BUDGET_S on a CPU and no limit on a GPU; None is no limit.
+    `time_budget_s`: at most this many seconds of timing; None: CPU_TIME_BUDGET_S on a CPU, no limit on a GPU.
     """
     from trainlab.core.repro import seed_everything
     from trainlab.tracking.runs import start_run
@@ -159,8 +161,8 @@ def profile_models(params: Params, data_root: str | Path, models_root: str | Pat
     cfg = params.profile
     data_root, models_root, out_dir = Path(data_root), Path(models_root), Path(out_dir)
     runtime = resolve_runtime(params.base)
-    if time_budget_s == "auto":
-        time_budget_s = CPU_TIME_BUDGET_S if runtime.device.type == "cpu" else None
+    if time_budget_s is None and runtime.device.type == "cpu":
+        time_budget_s = CPU_TIME_BUDGET_S
     deadline = start + time_budget_s if time_budget_s else None
     seed_everything(params.base.seed)
     tasks = list(tasks or names())
@@ -206,8 +208,9 @@ def profile_one(item: Loaded, params: Params, runtime: Runtime, matrix: dict[str
     flops = flops_per_step(item.task, item.batch)
     result = ModelProfile(task=item.name, arch=item.arch, parameters=sum(p.numel() for p in model.parameters()),
                           flops=flops)
-    log(f"{item.name} ({item.arch}, {result.parameters:,} parameters): {flops['train'] / 1e9:.3g} GFLOP per "
-        f"training step, {flops['infer'] / 1e9:.3g} GFLOP per inference step")
+    basis = getattr(flops, "basis", MATMUL)
+    log(f"{item.name} ({item.arch}, {result.parameters:,} parameters): {gflop(flops['train'])} per training step, "
+        f"{gflop(flops['infer'])} per inference step" + (f" ({basis} FLOPs)" if basis != MATMUL else ""))
     traced = dataclasses.replace(runtime, compile=runtime.compile and cfg.compile)
     trace_name = setting_name(traced, item.task.conv) if cfg.trace else None
     for name, setting in matrix.items():
@@ -235,8 +238,8 @@ def profile_one(item: Loaded, params: Params, runtime: Runtime, matrix: dict[str
         m = derived(m, flops, cfg.batch_size, device.matmul_peak[setting.precision],
                     device.datasheet_peak.get(setting.precision))
         result.settings[name] = m
-        log(f"{item.name} {name}: train {m['train_samples_per_s']:,.0f} samples/s (MFU {100 * m['train_mfu']:.1f}%), "
-            f"inference {m['infer_samples_per_s']:,.0f} samples/s (MFU {100 * m['infer_mfu']:.1f}%), peak "
+        log(f"{item.name} {name}: train {m['train_samples_per_s']:,.0f} samples/s (MFU {percent(m.get('train_mfu'))}), "
+            f"inference {m['infer_samples_per_s']:,.0f} samples/s (MFU {percent(m.get('infer_mfu'))}), peak "
             f"{m['train_peak_memory_mb']:,.0f} MB [{time.perf_counter() - t0:.1f} s]")
     if trace_name is not None and trace_name not in result.settings:  # not in the matrix (or failed there)
         built = make_steps(item.task, traced, item.batch, train_cfg, params.base.seed)

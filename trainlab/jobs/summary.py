@@ -8,6 +8,7 @@ from typing import Any
 
 from trainlab import tasks
 from trainlab.core.cli import command_parser, run_cli
+from trainlab.profiling.report import percent
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -37,8 +38,8 @@ def summary_lines(reports: Path) -> list[str]:
             f"{label} {metrics[key]:.4f}" if key in metrics else "not evaluated yet",
             f"{other_label} {metrics[other]:.4f}" if other in metrics else "",
             f"{timing['stage_time_s']:.0f} s" if "stage_time_s" in timing else "",
-            (f"{best[0]}: {best[1]['train_samples_per_s']:,.0f} samples/s, MFU {best[1]['train_mfu']:.0%}"
-             if best and "train_mfu" in best[1] else ""),
+            (f"{best[0]}: {best[1]['train_samples_per_s']:,.0f} samples/s, MFU {percent(best[1].get('train_mfu'))}"
+             if best and "train_samples_per_s" in best[1] else ""),
         ]) + " |")
     lines += ["", "Headline numbers: `dvc metrics show`; curves, per-class figures and confusion matrices: "
               "`dvc plots show`; every number: MLflow; pictures: "

@@ -58,15 +58,16 @@ def settle_auto_precision(runtime: Runtime, requested: str, task: Trainable, tra
                           batch_size: int) -> Runtime:
     """`precision: auto` on CUDA by the size of the training step (trainlab.core.runtime.cuda_auto_precision): the FLOPs
     of one step at `batch_size`, counted on a CPU copy of the model. Anything else is returned unchanged."""
-    if requested != "auto" or runtime.device.type != "cuda":
+    from trainlab.core import auto
+
+    if not auto.settles_on_cuda(requested, runtime.device.type):
         return runtime
-    from trainlab.core.runtime import CUDA_BF16_MIN_TRAIN_GFLOP, cuda_auto_precision
     from trainlab.profiling.flops import flops_per_step
 
     gflop = flops_per_step(task, {k: v[:batch_size] for k, v in train.items()})["train"] / 1e9
-    precision = cuda_auto_precision(gflop)
+    precision = auto.cuda_precision(gflop, torch.cuda.is_bf16_supported())
     print(f"{task.name}: precision auto -> {precision} ({gflop:,.0f} GFLOP per training step; bf16 from "
-          f"{CUDA_BF16_MIN_TRAIN_GFLOP:,.0f} on CUDA)", flush=True)
+          f"{auto.CUDA_BF16_MIN_TRAIN_GFLOP:,.0f} on CUDA)", flush=True)
     return dataclasses.replace(runtime, precision=precision)
 
 
@@ -217,9 +218,9 @@ def rerun_record(name: str, given: Params, data_dir: Path, options: dict[str, An
 
 def resolved(job: TrainingJob, meta: dict, train_count: int) -> TrainingJob:
     """The job with its params section's auto values and budget resolved for the prepared data, printed with why."""
-    from trainlab.tasks.resolve import choices_line, resolve_training
+    from trainlab.core.auto import choices_line, resolve_training
 
-    cfg, choices = resolve_training(job.name, job.cfg, meta, train_count)
+    cfg, choices = resolve_training(get(job.name).params_section, job.cfg, meta, train_count)
     if choices and distributed.context().is_main:
         print(f"{job.name}: {choices_line(job.name, choices)}", flush=True)
     params = job.params.model_copy(update={get(job.name).params_section: cfg})

@@ -147,3 +147,21 @@ class NBNgramBag(nn.Module):
         """(K,) bag ids -> (K, num_classes): what one occurrence of each adds to each class's logit (before the
         mean)."""
         return (self.weight[ids] * self.ratios[ids]).float()
+
+
+def build(p, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0) -> NgramBag:
+    """ngram_bag for text section `p` (its own fastText init, not text.init)."""
+    model = NgramBag(vocab_size, num_classes, max_length, pad_id, p.d_model, p.ngrams, p.buckets, p.dropout)
+    model.config = {"task": "text", "arch": "ngram_bag", "d_model": p.d_model, "ngrams": p.ngrams,
+                    "buckets": p.buckets, "dropout": p.dropout, "vocab_size": vocab_size, "num_classes": num_classes,
+                    "max_length": max_length, "pad_id": pad_id}
+    return model
+
+
+def build_nb(p, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0) -> NBNgramBag:
+    """nb_bag for text section `p`."""
+    model = NBNgramBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.dropout)
+    model.config = {"task": "text", "arch": "nb_bag", "ngrams": p.ngrams, "buckets": p.buckets,
+                    "dropout": p.dropout, "vocab_size": vocab_size, "num_classes": num_classes,
+                    "max_length": max_length, "pad_id": pad_id}
+    return model

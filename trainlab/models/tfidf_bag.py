@@ -12,12 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainlab.core.auto import WEIGHT_DECAY_CANDIDATES  # noqa: F401 - re-exported
 from trainlab.models.ngram_bag import ngram_ids
-
-# text.weight_decay auto: the candidate L2 coefficients of the per-sample objective (SGD's weight_decay; C = 1 / (wd *
-# N)), one head each, a decade apart below 1e-5 (where the tweets and both corpora score alike) and half a decade
-# above; the validation split chooses one (trainlab.tasks.text.CandidateMetrics)
-WEIGHT_DECAY_CANDIDATES = (1e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 
 # character n-grams kept per word at most (a word of w characters has 3w - 3 n-grams of 3..5 characters: up to
 # 12-character words keep all of theirs)
@@ -253,3 +249,16 @@ class TfidfBag(nn.Module):
         """(K,) feature ids -> (K, num_classes): what one occurrence adds to each class's logit, before the norm (a
         one-head bag)."""
         return (self.weight[ids] * self.idf[ids, None]).float()
+
+
+def build(p, vocab_size: int, num_classes: int, max_length: int, pad_id: int = 0) -> TfidfBag:
+    """tfidf_bag for text section `p`: one head per weight decay when `p.weight_decay` is a list of candidates
+    (auto: trainlab.core.auto.WEIGHT_DECAY_CANDIDATES), the validation split choosing among them."""
+    candidates = p.weight_decay if isinstance(p.weight_decay, tuple) else ()
+    model = TfidfBag(vocab_size, num_classes, max_length, pad_id, p.ngrams, p.buckets, p.char_ngrams,
+                     p.char_buckets, p.dropout, candidates)
+    model.config = {"task": "text", "arch": "tfidf_bag", "ngrams": p.ngrams, "buckets": p.buckets,
+                    "char_ngrams": list(p.char_ngrams) if p.char_ngrams else None, "char_buckets": p.char_buckets,
+                    "dropout": p.dropout, "vocab_size": vocab_size, "num_classes": num_classes,
+                    "max_length": max_length, "pad_id": pad_id}
+    return model

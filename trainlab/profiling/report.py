@@ -23,7 +23,7 @@ class ModelProfile:
     task: str
     arch: str
     parameters: int
-    flops: dict[str, int]  # train / infer, per step
+    flops: dict[str, int]  # train / infer, per step (trainlab.profiling.flops.StepFlops: and its basis)
     settings: dict[str, dict[str, float]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # setting -> why
     trace_setting: str | None = None
@@ -72,9 +72,12 @@ def headline_metrics(models: list[ModelProfile]) -> dict[str, Any]:
 
 def derived(m: dict[str, float], flops: dict[str, int], batch_size: int, peak: float,
             sheet: float | None) -> dict[str, float]:
-    """FLOPs per step, achieved FLOP/s and MFU (measured and datasheet peak) from a throughput measurement."""
+    """FLOPs per step, achieved FLOP/s and MFU (measured and datasheet peak) from a throughput measurement; none of
+    them for a phase whose FLOPs were not counted (0: n/a, not a measured zero)."""
     out = dict(m)
     for phase in ("train", "infer"):
+        if not flops[phase]:
+            continue
         achieved = flops[phase] * m[f"{phase}_samples_per_s"] / batch_size
         out[f"{phase}_gflop_per_step"] = flops[phase] / 1e9
         out[f"{phase}_achieved_gflop_per_s"] = achieved / 1e9
@@ -84,11 +87,26 @@ def derived(m: dict[str, float], flops: dict[str, int], batch_size: int, peak: f
     return out
 
 
+def percent(value: float | None) -> str:
+    """A fraction as a percentage: one decimal, or two significant digits below 0.05% (a memory-bound model's MFU
+    is not 0.0%); n/a when it was not measured."""
+    if value is None:
+        return "n/a"
+    if 0 < abs(value) < 0.0005:
+        return f"{100 * value:.2g}%"
+    return f"{100 * value:.1f}%"
+
+
+def gflop(flops: int) -> str:
+    """FLOPs as GFLOP (three significant digits), n/a when nothing was counted."""
+    return f"{flops / 1e9:.3g} GFLOP" if flops else "n/a"
+
+
 def _fmt(value: float | None, kind: str = "") -> str:
     if value is None:
         return "–"
     if kind == "pct":
-        return f"{100 * value:.1f}%"
+        return percent(value)
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
@@ -118,11 +136,15 @@ def markdown_report(device: DeviceProfile, models: list[ModelProfile], batch_siz
 
 def model_section(model: ModelProfile, repeats: int, has_sheet: bool) -> list[str]:
     """One model's lines: its FLOPs, a row per setting, the fastest setting, what was skipped, the trace files."""
-    flops_line = (f"{model.flops['train'] / 1e9:.3g} GFLOP per training step (forward + backward), "
-                  f"{model.flops['infer'] / 1e9:.3g} GFLOP per inference step.")
+    flops_line = (f"{gflop(model.flops['train'])} per training step (forward + backward), "
+                  f"{gflop(model.flops['infer'])} per inference step.")
+    if getattr(model.flops, "basis", "matmul") == "elementwise":  # trainlab.profiling.flops.ELEMENTWISE
+        flops_line += (" No matmul, convolution, attention or embedding bag: the model gathers table rows and sums "
+                       "them, so these are its floating-point multiplies and adds; its speed is memory-bound and "
+                       "its MFU against the matmul peak is small by nature: read its samples/s.")
     if not model.flops["train"]:
-        flops_line = ("No matmul, convolution or attention FLOPs (the model gathers and sums table rows): its "
-                      "speed is memory-bound and MFU does not apply; read its samples/s.")
+        flops_line = ("FLOPs: n/a (no matmul, convolution, attention, embedding bag or floating-point multiply-add "
+                      "was counted in its step): MFU does not apply (n/a); read its samples/s.")
     lines = [f"## {model.task} ({model.arch}, {model.parameters:,} parameters)", "", flops_line, ""]
     header = ["setting", "train samples/s", "infer samples/s", "train step ms", "train GFLOP/s", "train MFU",
               "infer MFU"]
@@ -147,11 +169,13 @@ def model_section(model: ModelProfile, repeats: int, has_sheet: bool) -> list[st
 
 
 def setting_row(name: str, m: dict[str, float], repeats: int, has_sheet: bool) -> str:
+    counted = "train_mfu" in m  # not when the model's FLOPs were not counted: n/a
     row = [f"`{name}`", _fmt(m["train_samples_per_s"]), _fmt(m["infer_samples_per_s"]),
-           _fmt(m["train_step_ms"]), _fmt(m["train_achieved_gflop_per_s"]), _fmt(m["train_mfu"], "pct"),
-           _fmt(m["infer_mfu"], "pct")]
+           _fmt(m["train_step_ms"]), _fmt(m["train_achieved_gflop_per_s"]) if counted else "n/a",
+           percent(m.get("train_mfu")), percent(m.get("infer_mfu"))]
     if has_sheet:
-        row += [_fmt(m.get("train_mfu_datasheet"), "pct"), _fmt(m.get("infer_mfu_datasheet"), "pct")]
+        row += [_fmt(m.get("train_mfu_datasheet"), "pct") if counted else "n/a",
+                _fmt(m.get("infer_mfu_datasheet"), "pct") if counted else "n/a"]
     row += [_fmt(m["train_peak_memory_mb"]), _fmt(m["infer_peak_memory_mb"]),
             f"{_fmt(m['train_spread'], 'pct')} / {_fmt(m['infer_spread'], 'pct')}",
             f"{int(m['train_steps'])}×{repeats} / {int(m['infer_steps'])}×{repeats}",
@@ -164,7 +188,8 @@ def how_to_read(device: DeviceProfile) -> list[str]:
     lines = [
         "## How to read this", "",
         "- MFU = achieved FLOP/s ÷ peak FLOP/s of the setting's precision. Achieved FLOP/s = FLOPs per step "
-        "(torch.utils.flop_counter: matmuls, convolutions, attention; the optimizer update is not counted) × "
+        "(torch.utils.flop_counter: matmuls, convolutions, attention, embedding bags; for a model with none of "
+        "them, its floating-point multiplies and adds; the optimizer update is not counted) × "
         "steps per second. The peak is a square matmul measured in the same run and dtype"
         + (", and the datasheet dense peak of this GPU." if has_sheet else "."),
         "- Peak memory is the " + ("CUDA caching allocator's peak (allocated bytes)." if device.memory_kind ==

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainlab.core.auto import resolve_model
 from trainlab.core.errors import CheckpointError, DataError
 from trainlab.engine.contract import Trainable
 from trainlab.tasks.spec import TaskSpec, get
@@ -63,16 +64,11 @@ class TaskCode:
                    data_dir: Path | None = None) -> Trainable:
         """The Trainable around a new model; with `train` (the training split) and the prepared folder it came from, the
         model's data statistics are set from them (`fit_statistics`)."""
-        cfg, _ = self.resolve_auto(cfg, meta)
+        cfg, _ = resolve_model(self.spec.params_section, cfg, meta)
         model = self.build_model(cfg, meta)
         if train is not None:
             self.fit_statistics(model, train, data_dir)
         return self.make_trainable(model, meta, cfg)
-
-    def resolve_auto(self, cfg: TrainParams, meta: dict) -> tuple[TrainParams, dict[str, dict[str, Any]]]:
-        """`cfg` with the task's `auto` values made concrete for the prepared data (meta.json), and for each the value
-        and why (trainlab.tasks.resolve); none here."""
-        return cfg, {}
 
     def fit_statistics(self, model: nn.Module, train: dict[str, torch.Tensor], data_dir: Path | None) -> None:
         """Set what a model computes from the training split (and the files prepared with it, such as a
@@ -125,9 +121,9 @@ class TaskCode:
         return "flip" if meta.get("hflip") else "shift"
 
     def eval_metrics(self, num_classes: int):
-        from trainlab.tasks.metrics import classification_metrics
+        from trainlab.tasks.metrics import evaluation_metrics
 
-        return classification_metrics(num_classes)
+        return evaluation_metrics(self.spec.metrics, num_classes, confusion=self.confusion)
 
     def load_extras(self, inputs: TaskInputs) -> dict[str, Any]:
         """What evaluation needs beside the model and test split (read and checked from models/<task>)."""
@@ -142,7 +138,7 @@ class TaskCode:
 def check_prepared(spec: TaskSpec, data_dir: Path, meta: dict, splits: dict[str, dict[str, torch.Tensor]]) -> None:
     """The prepared data fits the task: meta.json keys, every split's tensors present, non-empty, of one length,
     shaped and typed as meta.json says, targets inside the classes; a DataError naming the file otherwise. (A batch
-    size larger than the training split is no error: training resolves it, trainlab.tasks.resolve.)"""
+    size larger than the training split is no error: training resolves it, trainlab.core.auto.)"""
     from trainlab.data.prepared import split_path
 
     name, code = spec.name, spec.load()

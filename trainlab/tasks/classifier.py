@@ -3,19 +3,19 @@ its evaluation adds the misclassified test images and feature maps."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainlab.core.auto import resolve_model
 from trainlab.core.config import ClassifierParams
 from trainlab.engine.contract import Trainable
 from trainlab.models.classifier import build_classifier
 from trainlab.tasks.augment import random_cutmix, random_hflip, random_resized_crop, random_shift, to_float_images
 from trainlab.tasks.base import TaskCode
-from trainlab.tasks.metrics import metric_collection
+from trainlab.tasks.metrics import METRICS, primary, validation_metrics
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from trainlab.tasks.scoring import TaskInputs, TaskReport
 
 FEATURE_CHANNELS = 4  # channels shown per feature-map layer
-# stem_pool auto (params.yaml's comments give the quality suite's figures):
-STEM_POOL_4_SIDE = 64  # images of this side and more pool the stem by 4, as torchvision's ResNets do (stride 4)
 
 
 def classification_trainable(model: nn.Module, num_classes: int, label_smoothing: float = 0.0, augment: bool = True,
@@ -50,9 +48,9 @@ def classification_trainable(model: nn.Module, num_classes: int, label_smoothing
         return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
     def metrics():
-        return metric_collection(num_classes, "accuracy", "macro_f1")
+        return validation_metrics(METRICS["classifier"], num_classes)
 
-    return Trainable("classifier", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=True,
+    return Trainable("classifier", model, loss_fn, metrics, prepare, primary(METRICS["classifier"]).name, conv=True,
                 head=head, head_lr=head_lr)
 
 
@@ -96,32 +94,10 @@ class ClassifierCode(TaskCode):
         # a config.json saved before these keys existed describes the network of then, whatever today's default
         return {"stem_pool": 1, "stem_pool_first": False, **fields}
 
-    def resolve_auto(self, cfg: ClassifierParams, meta: dict) -> tuple[ClassifierParams, dict]:
-        """augment auto: what prepare found the images to be (meta.json "augment": photo or shift, and why); cutmix
-        auto: with photo augmentation; stem_pool auto: by the images' side (min_steps auto: resolve_training)."""
-        updates, choices = {}, {}
-        if cfg.augment == "auto":
-            kind = meta.get("augment", "shift")
-            why = meta.get("auto", {}).get("augment", {}).get("why", "prepared data without a record: shifts only")
-            updates["augment"], choices["augment"] = kind, {"value": kind, "why": why}
-        augment = updates.get("augment", cfg.augment)
-        if cfg.cutmix == "auto":
-            mix = augment == "photo"
-            updates["cutmix"] = mix
-            choices["cutmix"] = {"value": mix, "why": "photo augmentation: photos mixed as torchvision's recipes mix "
-                                 "them" if mix else f"{augment} augmentation: images not mixed"}
-        if cfg.stem_pool == "auto" and "height" in meta:
-            side = min(meta["height"], meta["width"])
-            pool = 4 if side >= STEM_POOL_4_SIDE else 2
-            updates["stem_pool"] = pool
-            choices["stem_pool"] = {"value": pool, "why": f"{meta['height']}x{meta['width']} images: the residual "
-                                    f"stages at {math.ceil(meta['height'] / pool)}x{math.ceil(meta['width'] / pool)}"}
-        return (cfg.model_copy(update=updates) if updates else cfg), choices
-
     def make_trainable(self, model: nn.Module, meta: dict, cfg: ClassifierParams | None = None) -> Trainable:
         if cfg is None:
             return classification_trainable(model, meta["num_classes"])
-        cfg, _ = self.resolve_auto(cfg, meta)
+        cfg, _ = resolve_model("classifier", cfg, meta)
         head = model.head if cfg.head_lr is not None else None
         return classification_trainable(model, meta["num_classes"], cfg.label_smoothing, cfg.augments,
                                    hflip=meta.get("hflip", False), head=head, head_lr=cfg.head_lr,

@@ -12,7 +12,7 @@ from torch import nn
 
 from trainlab.core.runtime import Runtime
 from trainlab.engine.metrics import update_in_chunks
-from trainlab.tasks.metrics import class_metric_keys
+from trainlab.tasks.metrics import Metric, class_metric_keys
 from trainlab.tasks.spec import get
 
 if TYPE_CHECKING:
@@ -102,13 +102,14 @@ def per_class(values: torch.Tensor, keys: list[str]) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in zip(keys, values.tolist())}
 
 
-def summarize(metrics: dict[str, torch.Tensor], scalars: tuple[str, ...], vectors: tuple[str, ...],
-              names: list[str], samples: int) -> dict[str, Any]:
-    """The metrics.json section of one task: scalars, then per-class dicts (keyed by class name), then the test size."""
+def summarize(metrics: dict[str, torch.Tensor], declared: tuple[Metric, ...], names: list[str],
+              samples: int) -> dict[str, Any]:
+    """The metrics.json section of one task: its declared scalars, then per-class dicts (keyed by class name), then
+    the test size."""
     values = {k: v.detach().cpu() for k, v in metrics.items()}
     keys = class_metric_keys(names, len(names))
-    out: dict[str, Any] = {k: round(float(values[k]), 6) for k in scalars}
-    out.update({k: per_class(values[k], keys) for k in vectors})
+    out: dict[str, Any] = {m.name: round(float(values[m.name]), 6) for m in declared if not m.per_class}
+    out.update({m.name: per_class(values[m.name], keys) for m in declared if m.per_class})
     out["test_samples"] = samples
     return out
 
@@ -134,7 +135,7 @@ def evaluate_labels(inputs: TaskInputs, runtime: Runtime, params: Params) -> tup
     result = run_test_split(inputs, runtime, cfg.batch_size, cfg.tta, params.base.data_on_device_max_mb)
     names = class_names(inputs.meta, n)
     labels, predicted = inputs.test[inputs.code.spec.targets], result.predicted.cpu()
-    metrics = summarize(result.metrics, ("accuracy", "macro_f1"), ("precision", "recall"), names, len(labels))
+    metrics = summarize(result.metrics, inputs.code.spec.metrics, names, len(labels))
     confusion = {"labels": names, "matrix": result.metrics["confusion"].cpu().tolist()}
     report = TaskReport(metrics, confusion, confusion_rows(labels, predicted, names))
     return report, predicted

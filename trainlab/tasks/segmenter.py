@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainlab.core.auto import resolve_model
 from trainlab.core.config import SegmenterParams
 from trainlab.core.errors import DataError
 from trainlab.engine.contract import Trainable
 from trainlab.models.segmenter import build_segmenter
 from trainlab.tasks.augment import random_crop, random_shift, random_symmetry, to_float_images
 from trainlab.tasks.base import TaskCode
-from trainlab.tasks.metrics import metric_collection
+from trainlab.tasks.metrics import METRICS, primary, validation_metrics
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -59,10 +60,9 @@ def segmentation_trainable(model: nn.Module, num_classes: int, dice_weight: floa
         return ce + dice_weight * soft_dice_loss(logits, masks) if dice_weight else ce
 
     def metrics():
-        return metric_collection(num_classes, "mean_iou", "pixel_accuracy", "mean_dice", "iou", "dice",
-                                 class_names=class_names)
+        return validation_metrics(METRICS["segmenter"], num_classes, class_names)
 
-    return Trainable("segmenter", model, loss_fn, metrics, prepare, primary_metric="mean_iou", conv=True)
+    return Trainable("segmenter", model, loss_fn, metrics, prepare, primary(METRICS["segmenter"]).name, conv=True)
 
 
 
@@ -87,16 +87,10 @@ class SegmenterCode(TaskCode):
         # a config.json saved before these keys existed describes the U-Net of then, whatever today's default
         return {"full_res_convs": 2, "skip_merge": "concat", **fields}
 
-    def resolve_auto(self, cfg: SegmenterParams, meta: dict) -> tuple[SegmenterParams, dict]:
-        """crop_size, crops_per_image and inference_tile auto, by the stored images' size (trainlab.tasks.resolve)."""
-        from trainlab.tasks.resolve import segmentation_autos
-
-        return segmentation_autos(cfg, meta.get("height", 0), meta.get("width", 0))  # 0: no record, whole images
-
     def make_trainable(self, model: nn.Module, meta: dict, cfg: SegmenterParams | None = None) -> Trainable:
         if cfg is None:
             return segmentation_trainable(model, meta["num_classes"])
-        cfg, _ = self.resolve_auto(cfg, meta)
+        cfg, _ = resolve_model("segmenter", cfg, meta)
         return segmentation_trainable(model, meta["num_classes"], cfg.dice_weight, cfg.augment, cfg.label_smoothing,
                                  cfg.crop_size, meta.get("symmetries", "none"), meta.get("class_names"))
 
@@ -110,11 +104,6 @@ class SegmenterCode(TaskCode):
         if tuple(y.shape[1:]) != tuple(x.shape[2:]):
             raise DataError(f"{path}: masks {tuple(y.shape)} do not match images {tuple(x.shape)}")
 
-    def eval_metrics(self, num_classes: int):
-        from trainlab.tasks.metrics import segmentation_metrics
-
-        return segmentation_metrics(num_classes)
-
     def evaluate(self, inputs: TaskInputs, runtime: Runtime, params: Params) -> TaskReport:
         from trainlab.tasks.scoring import FEW_EXAMPLES, TaskReport, class_names, run_test_split, summarize
 
@@ -122,8 +111,7 @@ class SegmenterCode(TaskCode):
         keep = min(FEW_EXAMPLES, cfg.n_examples)
         result = run_test_split(inputs, runtime, cfg.batch_size, cfg.tta, params.base.data_on_device_max_mb, keep)
         names = class_names(inputs.meta, n)
-        metrics = summarize(result.metrics, ("mean_iou", "mean_dice", "pixel_accuracy"), ("iou", "dice"), names,
-                            len(inputs.test["masks"]))
+        metrics = summarize(result.metrics, self.spec.metrics, names, len(inputs.test["masks"]))
         pictures = {"segmentation": {"images": inputs.test["images"][:keep],
                                      "masks": inputs.test["masks"][:keep].long(),
                                      "predicted": result.predicted.cpu(), "class_names": names}}

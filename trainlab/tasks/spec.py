@@ -7,6 +7,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from trainlab.tasks.metrics import Metric, primary
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -15,11 +17,20 @@ class TaskSpec:
     inputs: str  # the prepared tensors: (inputs, targets) of every split
     targets: str
     meta_keys: tuple[str, ...]  # positive ints that meta.json must hold
-    primary_metric: str  # a test metric, higher is better: what runs are ranked by
+    metrics: tuple[Metric, ...]  # its one declaration of metrics (trainlab.tasks.metrics), the primary one marked
     code: str  # the module whose CODE (a tasks.base.TaskCode) builds, trains and evaluates the task
     second_metric: tuple[str, str] = ("macro_f1", "macro-F1")  # the summary's second column: (key, label)
     label: str = ""  # the primary metric's name for people
     section: str = ""  # its section of params.yaml (default: its name)
+
+    @property
+    def primary_metric(self) -> str:
+        """The metric runs are ranked, pruned and promoted by (a test metric as test_<name>)."""
+        return primary(self.metrics).name
+
+    @property
+    def higher_is_better(self) -> bool:
+        return primary(self.metrics).higher_is_better
 
     @property
     def params_section(self) -> str:

@@ -17,7 +17,7 @@ from trainlab.core.errors import CheckpointError, DataError, ParamsError
 from trainlab.engine.contract import Trainable
 from trainlab.models.text import build_text_model
 from trainlab.tasks.base import TaskCode, TrainingExtras
-from trainlab.tasks.metrics import metric_collection
+from trainlab.tasks.metrics import METRICS, primary, validation_metrics
 
 if TYPE_CHECKING:
     from trainlab.core.config import Params
@@ -40,9 +40,9 @@ def text_trainable(model: nn.Module, num_classes: int, label_smoothing: float = 
         return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
     def metrics():
-        return metric_collection(num_classes, "accuracy", "macro_f1")
+        return validation_metrics(METRICS["text"], num_classes)
 
-    return Trainable("text", model, loss_fn, metrics, prepare, primary_metric="accuracy", conv=False)
+    return Trainable("text", model, loss_fn, metrics, prepare, primary(METRICS["text"]).name, conv=False)
 
 
 @dataclass
@@ -73,7 +73,7 @@ def candidates_trainable(model: nn.Module, num_classes: int, label_smoothing: fl
         return objective + (reported - objective).detach()  # the value reported, the gradient of the objective
 
     return CandidatesTrainable("text", model, loss_fn, lambda: CandidateMetrics(num_classes, decays), prepare,
-                          primary_metric="accuracy", conv=False, num_classes=num_classes,
+                          primary_metric=primary(METRICS["text"]).name, conv=False, num_classes=num_classes,
                           label_smoothing=label_smoothing)
 
 
@@ -178,7 +178,7 @@ def top_ngrams(model: nn.Module, tokens: torch.Tensor, vocab: list[str], class_c
 def text_baseline(baseline_file: Path | None) -> dict:
     """The TF-IDF + logistic regression bar for the text model, on the same split: the text_baseline stage's
     baseline.json (fitted there, once per prepared data; training never fits it)."""
-    from trainlab.tasks.text_baseline import read_baseline
+    from trainlab.data.baseline import read_baseline
 
     if baseline_file is None:
         raise ParamsError("training the text model needs the text_baseline stage's baseline.json: pass "

@@ -1,4 +1,5 @@
-"""Classical text baseline: TF-IDF features + logistic regression (scikit-learn) on the same split as the model."""
+"""The text_baseline stage: TF-IDF features + logistic regression (scikit-learn), fitted once per prepared text data on
+the same split as the text model; the bar the text model is measured against (its baseline.json)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import numpy as np
 
 from trainlab.core.atomic import atomic_dir
 from trainlab.core.errors import DataError
-
-BASELINE_FILE = "baseline.json"
+from trainlab.data.baseline import BASELINE_FILE
 
 
 def read_jsonl(path: Path) -> tuple[list[str], np.ndarray]:
@@ -68,14 +68,15 @@ def write_baseline(params, data_dir: Path, out_dir: Path) -> dict:
     return result
 
 
-def read_baseline(path: Path) -> dict:
-    """A baseline.json written by write_baseline; a DataError naming the file when it is missing or malformed."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing (run `dvc repro text_baseline`)") from None
-    except ValueError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
-    if not all(isinstance(result.get(k), (int, float)) for k in ("accuracy", "macro_f1")):
-        raise DataError(f"{path}: expected numbers 'accuracy' and 'macro_f1' (run `dvc repro text_baseline`)")
+def run(params, data_dir: Path, out_dir: Path) -> dict:
+    """The stage: fit and write the baseline inside the stage's MLflow run (scikit-learn, on the CPU; no torch)."""
+    from trainlab.tracking.runs import start_run
+
+    with start_run(params, stage="text_baseline", device="cpu") as tracker:
+        tracker.log_params({"text": {k: v for k, v in params.text.model_dump().items() if k.startswith("baseline_")},
+                            "base": {"seed": params.base.seed}})
+        result = write_baseline(params, data_dir, out_dir)
+        tracker.log_metrics({"test_accuracy": result["accuracy"], "test_macro_f1": result["macro_f1"]})
+    print(f"text baseline (TF-IDF + logistic regression): test accuracy {result['accuracy']:.4f}, "
+          f"macro-F1 {result['macro_f1']:.4f}; wrote {Path(out_dir) / BASELINE_FILE}")
     return result

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainlab.core.auto import AUTO_CROP, AUTO_TILE, resolve_training
 from trainlab.core.config import ClassifierParams, SegmenterParams, TextParams
 from trainlab.core.repro import generator
 from trainlab.engine.batches import make_batches
-from trainlab.tasks.resolve import AUTO_CROP, AUTO_TILE, resolve_training
 
 SEG_META = {"num_classes": 2, "channels": 3}
 
@@ -26,7 +26,7 @@ def test_min_steps_raises_the_epochs_of_small_data_only():
     small, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 100)
     assert small.epochs == 5 and "10 steps" in choices["epochs"]["why"]  # 10 steps an epoch
     large, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 10_000)
-    assert large.epochs == 2 and not choices
+    assert large.epochs == 2 and "epochs" not in choices and "batch_size" not in choices
     accumulated, _ = resolve_training("text", TextParams(batch_size=10, epochs=1, min_steps=50,
                                                          accumulation_steps=2), {}, 100)
     assert accumulated.epochs == 10  # 5 optimizer steps an epoch
@@ -93,7 +93,7 @@ DIGITS = {"num_classes": 10, "channels": 1, "height": 28, "width": 28, "augment"
 
 
 def test_photos_get_cutmix_a_stride_4_stem_and_a_longer_budget_and_digits_none_of_them():
-    from trainlab.tasks.resolve import CUTMIX_STEPS, MIN_STEPS
+    from trainlab.core.auto import CUTMIX_STEPS, MIN_STEPS
 
     photos, choices = resolve_training("classifier", ClassifierParams(), PHOTOS, 840)
     assert (photos.cutmix, photos.stem_pool, photos.min_steps) == (True, 4, MIN_STEPS * CUTMIX_STEPS)
@@ -129,3 +129,32 @@ def test_cutmix_pastes_a_box_from_the_next_sample_and_mixes_the_targets_by_its_a
         assert torch.allclose(targets[i], expected)
     again, _ = random_cutmix(images, labels, 5, torch.Generator().manual_seed(0))
     assert torch.equal(mixed, again)
+
+
+def test_text_weight_decay_auto_is_the_bags_candidates_or_the_archs_value():
+    from trainlab.core.auto import AUTO_WEIGHT_DECAY, WEIGHT_DECAY_CANDIDATES
+
+    bag, choices = resolve_training("text", TextParams(), {}, 1000)
+    assert bag.weight_decay == WEIGHT_DECAY_CANDIDATES and bag.optimizer_weight_decay == 0.0
+    assert "validation split chooses" in choices["weight_decay"]["why"]
+    encoder, choices = resolve_training("text", TextParams(arch="transformer"), {}, 1000)
+    assert encoder.weight_decay == AUTO_WEIGHT_DECAY["transformer"] == encoder.optimizer_weight_decay
+    mine, choices = resolve_training("text", TextParams(weight_decay=0.2), {}, 1000)
+    assert mine.weight_decay == 0.2 and "weight_decay" not in choices
+
+
+def test_nothing_outside_the_resolver_compares_a_value_with_auto():
+    """The one resolver (trainlab.core.auto) is the only code that decides what an `auto` means."""
+    import ast
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted([*repo.glob("trainlab/**/*.py"), *repo.glob("stages/*.py"), *repo.glob("pipelines/*.py")]):
+        if path.name == "auto.py" and path.parent.name == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "auto"
+                                                     for c in [node.left, *node.comparators]):
+                found.append(f"{path.relative_to(repo)}:{node.lineno}")
+    assert not found, "compared with 'auto' outside trainlab/core/auto.py: " + ", ".join(found)
