@@ -66,6 +66,11 @@ def run_trial(root: str, name: str, overrides: dict[str, Any], stages: list[Stag
                      "state": "COMPLETE"}
             point["history"] = read_history(run.workspace / history, trial["metric"])
             point["value"] = point["history"][-1]
+            stopped = plateau_record(run.workspace / "models" / trial["task"] / "info.json")
+            if stopped:  # epochs auto: the run kept its best validation's weights, so that is what it scored
+                point["value"], point["stopping"] = stopped.get(f"best_{trial['metric']}", point["value"]), stopped
+                logger.info(f"trial {name}: stopped by its plateau schedule at epoch {stopped['stopped_epoch']} "
+                            f"({stopped['why']}), not pruned; scored by epoch {stopped['best_epoch']}'s weights")
             point[st.TEST_ATTR] = {k: v for s in point["stages"] if s["stage"] == trial["stage"]
                                    for k, v in s["metrics"].items()}
         except PrunedStageError as exc:
@@ -243,6 +248,14 @@ def run_trials(study, space: SearchSpace, repo: Path, stages: list[StageInfo], s
                     result = RuntimeError(str(state.message))
                 frozen = st.tell(study, trial, result)
                 print(progress_line(study, space, frozen, name, trials), flush=True)
+
+
+def plateau_record(info_file: Path) -> dict[str, Any]:
+    """The training's plateau-schedule record (info.json "stopping"; empty for a run of a set number of epochs)."""
+    try:
+        return json.loads(info_file.read_text()).get("stopping") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def progress_line(study, space: SearchSpace, frozen, name: str, trials: int) -> str:

@@ -218,6 +218,8 @@ def _checked_value(key: str, value: Any, at: tuple, lines: _Lines) -> Any:
 def _numeric_kind(annotation: Any) -> str | None:
     args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
         typing.get_origin(annotation) is typing.Union else (annotation,)
+    # a constrained member of a union (epochs: a whole number or auto) keeps its constraints in Annotated
+    args = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args]
     if float in args:
         return "float"
     if int in args:

@@ -44,8 +44,8 @@ def test_wrong_type_and_out_of_range_and_bad_choice(tmp_path):
     with pytest.raises(ParamsError) as err:
         load_params(path)
     msg = str(err.value)
-    assert "3 problems" in msg
-    assert "classifier.epochs" in msg and "valid integer" in msg
+    assert "3 problems" in msg  # epochs: not a whole number nor auto, one problem
+    assert "classifier.epochs" in msg and "valid integer" in msg and "'auto'" in msg
     assert "classifier.lr" in msg and "greater than 0" in msg
     assert "base.precision" in msg and "'fp32'" in msg and "'bf16'" in msg
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -191,3 +192,16 @@ def test_stage_runs_of_an_experiment_get_its_name_as_dvc_exp_run_gives_it():
     assert stage_run_env("sqlite:///x.db", "abc", "lr-seed-03") == {
         "DVC_EXP_NAME": "lr-seed-03", "MLFLOW_TRACKING_URI": "sqlite:///x.db", "TRAINLAB_PARENT_RUN_ID": "abc"}
     assert "DVC_EXP_NAME" not in stage_run_env("sqlite:///x.db", "abc")
+
+
+def test_a_search_trial_trained_with_epochs_auto_reads_its_plateau_record(tmp_path):
+    """A trial stopped by its plateau schedule is scored by the weights it kept (its best validation), and says so;
+    a run of a set number of epochs has no record."""
+    from pipelines.search import plateau_record
+
+    info = tmp_path / "info.json"
+    record = {"stopped_epoch": 12, "best_epoch": 9, "best_val_accuracy": 0.91, "why": "val_accuracy had not improved"}
+    info.write_text(json.dumps({"task": "classifier", "stopping": record}))
+    assert plateau_record(info) == record
+    info.write_text(json.dumps({"task": "classifier"}))
+    assert plateau_record(info) == {} and plateau_record(tmp_path / "missing.json") == {}

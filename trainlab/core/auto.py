@@ -209,9 +209,40 @@ def precise_bn(setting: Any, updates: int) -> bool:
     return updates < PRECISE_BN_BELOW_STEPS if setting == AUTO else bool(setting)
 
 
+# epochs auto: train until the primary validation metric stops improving (schedule plateau), at least min_steps
+# optimizer steps and at most CEILING_OVER_MIN times that, or CEILING_EPOCHS epochs where that is more
+CEILING_OVER_MIN = 10
+CEILING_EPOCHS = 100
+TARGET_VALIDATIONS = 20  # validate_every auto: about this many validations in a run's lower bound (at least 1 epoch)
+
+
+def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, Any], dict[str, Choice]]:
+    """epochs auto: the ceiling, trained with the plateau schedule from the lower bound (min_steps) on; and
+    validate_every auto: whole epochs, about TARGET_VALIDATIONS of them in the lower bound (epochs as set, or
+    min_steps)."""
+    updates, choices = {}, {}
+    lower = cfg.min_steps or 0
+    if cfg.epochs == AUTO:
+        ceiling = max(CEILING_OVER_MIN * lower, CEILING_EPOCHS * per_epoch)
+        epochs = math.ceil(ceiling / per_epoch)
+        updates.update(epochs=epochs, schedule="plateau")
+        choices["epochs"] = choice(f"auto, at most {epochs}", (
+            f"until val_<primary metric> has not improved for {cfg.patience} validations after {lower:,} steps, "
+            f"then a cooldown; at most {epochs:,} epochs of {per_epoch:,} steps"))
+    budget = lower if cfg.epochs == AUTO else cfg.epochs * per_epoch
+    if cfg.validate_every == AUTO:
+        every = max(1, round(budget / TARGET_VALIDATIONS / per_epoch)) * per_epoch
+        updates["validate_every"] = every
+        if every > per_epoch:
+            choices["validate_every"] = choice(every, f"every {every // per_epoch:,} epochs of {per_epoch:,} steps: "
+                                               f"about {TARGET_VALIDATIONS} validations in {budget:,} steps")
+    return updates, choices
+
+
 def resolve_training(name: str, cfg: Any, meta: dict, train_count: int) -> tuple[Any, dict[str, Choice]]:
     """`cfg` with every auto of the task resolved for this data (resolve_model), the batch size no larger than the
-    training split, `min_steps` auto made a number, and epochs raised to reach it; and what changed, with why."""
+    training split, `min_steps` auto made a number, epochs auto a ceiling with the plateau schedule, and the
+    validation cadence; and what changed, with why."""
     cfg, choices = resolve_model(name, cfg, meta)
     if cfg.min_steps == AUTO:
         mix = getattr(cfg, "cutmix", False) is True
@@ -224,12 +255,16 @@ def resolve_training(name: str, cfg: Any, meta: dict, train_count: int) -> tuple
                                        f"{train_count:,} training samples: one batch of all of them")
         cfg = cfg.model_copy(update={"batch_size": train_count})
     per_epoch = updates_per_epoch(cfg, train_count)
-    if cfg.min_steps and cfg.epochs * per_epoch < cfg.min_steps:
+    if cfg.epochs != AUTO and cfg.min_steps and cfg.epochs * per_epoch < cfg.min_steps:
+        # a number of epochs is still raised to min_steps (a small data set's budget) until `epochs: auto` is the
+        # default; then a number written is trained exactly
         epochs = math.ceil(cfg.min_steps / per_epoch)
         choices["epochs"] = choice(epochs, f"{cfg.epochs} epochs of {per_epoch:,} steps are fewer than {name}."
                                    f"min_steps ({cfg.min_steps:,}): {epochs} epochs, {epochs * per_epoch:,} steps")
         cfg = cfg.model_copy(update={"epochs": epochs})
-    return cfg, choices
+    updates, more = epochs_and_cadence(name, cfg, per_epoch)
+    choices.update(more)
+    return (cfg.model_copy(update=updates) if updates else cfg), choices
 
 
 # ---- the machine ---------------------------------------------------------------------------------------------------
@@ -284,3 +319,9 @@ def cuda_graphs(setting: Any, device_type: str) -> tuple[bool | None, str | None
 def backend(setting: str, device_type: str) -> str:
     """base.distributed.backend auto: nccl on CUDA, gloo elsewhere."""
     return setting if setting != AUTO else ("nccl" if device_type == "cuda" else "gloo")
+
+
+def validation_epochs(setting: Any, per_epoch: int) -> int:
+    """validate_every as whole epochs: auto (unresolved: a loop run without resolve_training) every epoch; a number
+    of optimizer steps rounded up to whole epochs."""
+    return 1 if setting == AUTO else max(1, -(-int(setting) // per_epoch))

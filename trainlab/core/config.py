@@ -213,9 +213,9 @@ def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
 
 
 def _describe(exc: ValidationError, path: Path, text: str) -> str:
-    lines = [f"{path}: invalid params ({exc.error_count()} problem{'s' * (exc.error_count() > 1)})"]
+    problems: dict[str, tuple[str, list[str]]] = {}  # key -> (where, messages): a union's members are one problem
     for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
+        loc = _key_path([str(p) for p in err["loc"]])
         key = ".".join(loc)
         line = _line_of(text, loc)
         where = f"{path}:{line}" if line else str(path)
@@ -228,8 +228,28 @@ def _describe(exc: ValidationError, path: Path, text: str) -> str:
             msg = f"got {err['input']!r}; {err['msg'].lower()}"
         else:
             msg = f"got {err.get('input')!r}; {err['msg']}"
-        lines.append(f"  {key} ({where}): {msg}")
+        where_msgs = problems.setdefault(key, (where, []))[1]
+        where_msgs.append(msg if not where_msgs else msg.split("; ", 1)[-1])  # the input named once
+    count = len(problems)
+    lines = [f"{path}: invalid params ({count} problem{'s' * (count > 1)})"]
+    lines += [f"  {key} ({where}): " + "; or ".join(msgs) for key, (where, msgs) in problems.items()]
     return "\n".join(lines)
+
+
+def _key_path(loc: list[str]) -> list[str]:
+    """The params keys of an error location, without what pydantic appends for the member of a union it tried
+    (`constrained-int`, `literal['auto']`); an unknown key is kept as the last element."""
+    model: type[BaseModel] | None = Params
+    keys: list[str] = []
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            if model is not None and not keys[len(keys):] and part.isidentifier():
+                keys.append(part)  # an unknown key: named in the error
+            break
+        keys.append(part)
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return keys or loc
 
 
 def _fields_at(loc: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from trainlab.models.architectures import CLASSIFIER_ARCHS, SEGMENTER_ARCHS, TEX
 InitScheme = Literal["default", "kaiming", "xavier", "orthogonal", "normal"]
 # The types of the training keys whose default differs per section: each section restates its default with the same
 # type and range (params.yaml's value; tests/core/test_defaults.py holds the two equal)
-Epochs = Annotated[int, Field(ge=1, le=10_000)]
+Epochs = Annotated[int, Field(ge=1, le=10_000)] | Literal["auto"]
 MinSteps = Annotated[int | None, Field(ge=1, le=1_000_000)]
 BatchSize = Annotated[int, Field(ge=1, le=65536)]
 Optimizer = Literal["adamw", "sgd"]
@@ -38,7 +38,14 @@ class TrainParams(Section):
     lr: LearningRate = 1e-3
     weight_decay: WeightDecay = 0.0
     warmup_epochs: WarmupEpochs = 0.0
-    schedule: Literal["cosine", "constant"] = "cosine"
+    # cosine (warmup, then cosine decay over the epochs) | constant | plateau (constant until the validation metric
+    # has not improved for `patience` validations, then a linear cooldown; what epochs auto trains with)
+    schedule: Literal["cosine", "constant", "plateau"] = "cosine"
+    # epochs auto (and schedule plateau): validations without a better primary validation metric before the cooldown
+    patience: int = Field(5, ge=1, le=1000)
+    # optimizer steps between validations, rounded up to whole epochs; auto: every epoch, or every few epochs so that
+    # the lower bound of a run (min_steps, or the epochs set) holds about 20 validations (trainlab.core.auto)
+    validate_every: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     grad_clip: float | None = Field(1.0, gt=0)
     accumulation_steps: int = Field(1, ge=1, le=1024)
     label_smoothing: LabelSmoothing = 0.0

@@ -16,17 +16,18 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainlab.core import distributed
+from trainlab.core import auto, distributed
 from trainlab.core.config import BaseParams, TrainParams
 from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
 from trainlab.core.runtime import Runtime
-from trainlab.engine.batches import Batch, eval_batch_size, make_batches
+from trainlab.engine.batches import Batch, make_batches
 from trainlab.engine.checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.contract import Trainable
-from trainlab.engine.metrics import bincount_allowed
+from trainlab.engine.evaluation import evaluate, scalars  # noqa: F401 - evaluate re-exported
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
+from trainlab.engine.stopping import Stopping
 from trainlab.engine.trail import Trail
 from trainlab.models.init import count_parameters
 
@@ -53,43 +54,7 @@ class FitResult:
     resumed_from_step: int = 0
     cuda_graphs: bool = False  # the step was captured as a CUDA graph
     trail: dict = field(default_factory=dict)  # trainlab.engine.trail: what `python -m trainlab.verify` compares
-
-
-def scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The scalar entries of a metrics dict as floats (one sync for all of them)."""
-    keys = [k for k, v in metrics.items() if not torch.is_tensor(v) or v.numel() == 1]
-    values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float32).reshape(()).cpu() for k in keys]) \
-        if keys else torch.empty(0)
-    return {k: float(v) for k, v in zip(keys, values.tolist())}
-
-
-@torch.inference_mode()
-def evaluate(trainable: Trainable, model: nn.Module, data: Batch, runtime: Runtime, batch_size: int = 256,
-             max_device_mb: int = 2048) -> dict[str, torch.Tensor]:
-    """Loss and the trainable's metrics over `data` (no gradients, eval mode, same precision as training).
-    Under torch.distributed each rank takes its own slice and the results are reduced over all ranks."""
-    model.eval()
-    ctx = distributed.context()
-    if ctx.enabled:
-        data = {k: v[ctx.rank :: ctx.world_size] for k, v in data.items()}
-    batches = make_batches(data, eval_batch_size(data, batch_size), runtime.device, seed=0, shuffle=False,
-                           drop_last=False, max_device_mb=max_device_mb)
-    metrics = trainable.make_metrics().to(runtime.device)
-    loss_sum = torch.zeros((), device=runtime.device)
-    count = 0
-    for batch in batches.epoch(0):
-        x, y = trainable.prepare_batch(batch, False, None)
-        x = to_device_layout(x, trainable, runtime)
-        with runtime.autocast():
-            out = model(x)
-            loss = trainable.loss_fn(out, y)
-        n = y.shape[0]
-        loss_sum += loss.float() * n
-        count += n
-        with bincount_allowed(runtime.device):
-            metrics.update(trainable.predict(out.float()), y)
-    totals = distributed.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(count), device=loss_sum.device)]))
-    return {"loss": totals[0] / totals[1].clamp(min=1), **metrics.compute()}
+    stopping: dict = field(default_factory=dict)  # the plateau schedule's record (trainlab.engine.stopping)
 
 
 @contextmanager
@@ -152,6 +117,9 @@ class FitState:
     history: list[dict[str, float]] = field(default_factory=list)
     train_time: float = 0.0
     trail: Trail | None = None
+    total_updates: int = 0  # where training ends: the plan's, or the end of the plateau schedule's cooldown
+    stopping: Stopping | None = None  # the plateau schedule's watch of the validation metric
+    window: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds and samples since the last validation
 
 
 @dataclass(frozen=True)
@@ -172,10 +140,10 @@ class EpochPlan:
 
 def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int,
         options: FitOptions = FitOptions(), hooks: FitHooks = FitHooks()) -> FitResult:
-    """Train `trainable.model` on `train`, validating on `val` after each epoch; resume from a checkpoint of the same
-    fingerprint. Under torch.distributed (torchrun) the model is wrapped in DDP, each rank takes
-    `batch_size / world_size` samples of every global batch, and only rank 0 reports progress and writes checkpoints.
-    """
+    """Train `trainable.model` on `train`, validating on `val` every `cfg.validate_every` steps (in whole epochs;
+    the plateau schedule stops once that stops improving); resume from a checkpoint of the same fingerprint. Under
+    torchrun the model is wrapped in DDP, each rank takes `batch_size / world_size` samples of every global batch,
+    and only rank 0 reports progress and writes checkpoints."""
     ctx = distributed.context()
     if cfg.batch_size % ctx.world_size:
         raise ParamsError(f"{trainable.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
@@ -185,50 +153,94 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
                            drop_last=True, max_device_mb=options.max_device_mb, num_workers=options.num_workers,
                            rank=ctx.rank, world_size=ctx.world_size, repeats=cfg.epoch_repeats)
     plan = EpochPlan.of(cfg, len(batches))
+    every = auto.validation_epochs(cfg.validate_every, plan.updates_per_epoch)
     graphs, why_not = graphs_plan(options.cuda_graphs, runtime, cfg, distributed=ctx.enabled)
     if why_not and ctx.is_main:
         print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
     step = TrainStep(trainable, model, cfg, runtime, total_updates=plan.total_updates, seed=seed, forward=forward,
                      warmup_updates=round(cfg.warmup_epochs * plan.updates_per_epoch), graphs=graphs)
-    state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}))
+    stopping = Stopping(trainable.primary_metric, cfg.patience, cfg.min_steps or 0) \
+        if cfg.schedule == "plateau" else None
+    state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}),
+                     total_updates=plan.total_updates, stopping=stopping)
     resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
     saver = Checkpoints(options, trainable.name, model, step, state)
     precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
-    progress = Progress(plan.total_updates, desc=f"train {trainable.name}", initial=step.updates, enabled=ctx.is_main)
+    progress = Progress(state.total_updates, desc=f"train {trainable.name}", initial=step.updates,
+                        enabled=ctx.is_main)
     with _stop_on_signals(hooks.stop) as stop_flag, closing(progress):
         def should_stop() -> bool:
             return stop_flag.is_set() or (hooks.stop_after is not None and hooks.stop_after(step.updates))
 
-        while state.epoch < cfg.epochs and step.updates < plan.total_updates:
-            seconds, samples = train_one_epoch(step, batches, state, plan, progress, should_stop, saver)
+        while state.epoch < cfg.epochs and step.updates < state.total_updates:
+            seconds, samples = train_one_epoch(step, batches, state, plan, progress, should_stop, saver, every)
             _raise_if_diverged(step.first_bad, trainable.name, saver.path)
             state.train_time += seconds
-            if precise_bn:
-                settle_batchnorm(trainable, step.eval_model, batches, state.epoch, runtime)
-            val_metrics = scalars(evaluate(trainable, step.eval_model, val, runtime, options.eval_batch_size,
-                                           options.max_device_mb))
-            row = {"epoch": state.epoch + 1, "step": step.updates, "train_loss": mean_train_loss(step),
-                   "lr": step.schedule.lr_at(step.updates),
-                   "samples_per_s": samples * ctx.world_size / max(seconds, 1e-9),
-                   **{f"val_{k}": v for k, v in val_metrics.items()}}
-            state.history.append(row)
-            progress.write(epoch_line(trainable, row, cfg.epochs))
-            if hooks.tracker is not None:
-                hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
+            state.window = [state.window[0] + seconds, state.window[1] + samples]
+            last = state.epoch + 1 >= cfg.epochs or step.updates >= state.total_updates
+            if (state.epoch + 1) % every == 0 or last:
+                validate(trainable, step, batches, val, runtime, options, state, precise_bn)
+                report_validation(trainable, step, state, plan, every, progress, hooks, cfg.epochs)
             state.trail.epoch_end(state.epoch + 1)
             state.epoch, state.step_in_epoch = state.epoch + 1, 0
-            saver.save(state.train_time)
+            saved = state.epoch % every == 0 or step.updates >= state.total_updates or state.epoch >= cfg.epochs
+            if saved:
+                saver.save(state.train_time)
             if hooks.stop_after_epochs and state.epoch >= hooks.stop_after_epochs and state.epoch < cfg.epochs \
-                    and step.updates < plan.total_updates:
+                    and step.updates < state.total_updates:
+                if not saved:
+                    saver.save(state.train_time)
                 raise TrainingInterrupted(f"{trainable.name}: stopped after epoch {state.epoch} as asked; checkpoint "
                                           f"saved to {saver.path}")
 
+    return fit_result(model, step, state, cfg, resumed_from, graphs)
+
+
+def fit_result(model: nn.Module, step: TrainStep, state: FitState, cfg: TrainParams, resumed_from: int,
+               graphs: bool) -> FitResult:
+    """What fit hands back: the weights to keep (the plateau schedule's best), the history, counts and timings."""
+    if state.stopping is not None:
+        state.stopping.restore_best(step.eval_model)
     total_params, trainable = count_parameters(model)
     samples = step.updates * cfg.accumulation_steps * cfg.batch_size
     return FitResult(model=step.eval_model, history=state.history, final=state.history[-1] if state.history else {},
                      params_total=total_params, params_trainable=trainable, train_time_s=state.train_time,
                      samples_per_s=samples / max(state.train_time, 1e-9), resumed_from_step=resumed_from,
-                     cuda_graphs=graphs, trail=state.trail.state_dict())
+                     cuda_graphs=graphs, trail=state.trail.state_dict(),
+                     stopping=state.stopping.record(state.epoch, step.updates) if state.stopping else {})
+
+
+def validate(trainable: Trainable, step: TrainStep, batches, val: Batch, runtime: Runtime, options: FitOptions,
+             state: FitState, precise_bn: bool) -> None:
+    """Validate the weights to keep and append the history row: the training loss and throughput since the last
+    validation, the LR, the validation loss and metrics."""
+    if precise_bn:
+        settle_batchnorm(trainable, step.eval_model, batches, state.epoch, runtime)
+    val_metrics = scalars(evaluate(trainable, step.eval_model, val, runtime, options.eval_batch_size,
+                                   options.max_device_mb))
+    seconds, samples = state.window
+    state.history.append({"epoch": state.epoch + 1, "step": step.updates, "train_loss": mean_train_loss(step),
+                          "lr": step.schedule.lr_at(step.updates),
+                          "samples_per_s": samples * distributed.context().world_size / max(seconds, 1e-9),
+                          **{f"val_{k}": v for k, v in val_metrics.items()}})
+    state.window = [0.0, 0.0]
+
+
+def report_validation(trainable: Trainable, step: TrainStep, state: FitState, plan: EpochPlan, every: int,
+                      progress: Progress, hooks: FitHooks, epochs: int) -> None:
+    """After a validation: the plateau schedule's watch (keep the best weights; at a plateau, begin the cooldown
+    and move the end of training to its end), the log line, and the row to the tracker."""
+    row, stopping = state.history[-1], state.stopping
+    if stopping is not None:
+        stopping.observe(row, step.eval_model)
+        if stopping.plateaued(step.updates, plan.total_updates) and step.updates < state.total_updates:
+            length = stopping.begin_cooldown(step.updates, every * plan.updates_per_epoch)
+            state.total_updates = min(plan.total_updates, step.updates + length)
+            step.schedule.cool_down(step.updates, state.total_updates - step.updates)
+            progress.set_total(state.total_updates)
+    progress.write(epoch_line(trainable, row, epochs, stopping))
+    if hooks.tracker is not None:
+        hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
 
 
 def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) -> tuple[nn.Module, nn.Module]:
@@ -247,13 +259,15 @@ def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) ->
 
 
 def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, progress: Progress,
-                    should_stop: Callable[[], bool], saver: Checkpoints) -> tuple[float, int]:
-    """The optimizer steps of one epoch, from where a resumed epoch stopped; its seconds and this rank's samples."""
+                    should_stop: Callable[[], bool], saver: Checkpoints, every: int = 1) -> tuple[float, int]:
+    """The optimizer steps of one epoch, from where a resumed epoch stopped; its seconds and this rank's samples.
+    The running training loss starts anew with each validation window (`every` epochs)."""
     step.model.train()
     t0 = time.perf_counter()
-    samples_at_start = int(step.seen) if state.step_in_epoch else 0
+    window_start = state.step_in_epoch == 0 and state.epoch % every == 0
+    samples_at_start = 0 if window_start else int(step.seen)
     first_step = state.step_in_epoch
-    if state.step_in_epoch == 0:
+    if window_start:
         step.loss_sum.zero_()
         step.seen.zero_()
     every = step.cfg.checkpoint_every_steps
@@ -268,7 +282,7 @@ def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, 
         since = time.perf_counter() - t0
         progress.step(step.updates, (state.step_in_epoch - first_step) * step.cfg.batch_size / max(since, 1e-9),
                       lambda: float(step.loss_sum / step.seen.clamp(min=1)))
-        if step.updates >= plan.total_updates:
+        if step.updates >= state.total_updates:
             break
         if should_stop():
             saver.save(state.train_time + since)
@@ -294,9 +308,11 @@ def settle_batchnorm(trainable: Trainable, model: nn.Module, batches, epoch: int
     recompute_batchnorm(model, inputs, runtime)
 
 
-def epoch_line(trainable: Trainable, row: dict[str, float], epochs: int) -> str:
+def epoch_line(trainable: Trainable, row: dict[str, float], epochs: int, stopping: Stopping | None = None) -> str:
     metric = trainable.primary_metric
-    return (f"{trainable.name} epoch {row['epoch']}/{epochs}: train_loss {row['train_loss']:.4f} "
+    of = f"{row['epoch']}/{epochs}" if stopping is None else (
+        f"{row['epoch']} (best {stopping.best_epoch}" + (", cooling down)" if stopping.cooldown else ")"))
+    return (f"{trainable.name} epoch {of}: train_loss {row['train_loss']:.4f} "
             f"val_loss {row['val_loss']:.4f} val_{metric} {row.get(f'val_{metric}', float('nan')):.4f} "
             f"{row['samples_per_s']:,.0f} samples/s")
 
@@ -318,6 +334,8 @@ class Checkpoints:
                 "fingerprint": self.fingerprint, "model": self.model.state_dict(), "step": self.step.state_dict(),
                 "epoch": self.state.epoch, "step_in_epoch": self.state.step_in_epoch, "update": self.step.updates,
                 "history": self.state.history, "train_time": elapsed, "rng": rng_state(),
+                "total_updates": self.state.total_updates, "window": list(self.state.window),
+                "stopping": self.state.stopping.state_dict() if self.state.stopping is not None else None,
                 "trail": self.state.trail.state_dict() if self.state.trail is not None else None})
         distributed.barrier()
 
@@ -341,6 +359,12 @@ def resume(options: FitOptions, name: str, model: nn.Module, step: TrainStep, st
         state.history, state.train_time = list(saved["history"]), saved["train_time"]
         if state.trail is not None:
             state.trail.load_state_dict(saved.get("trail"))
+        state.total_updates = saved.get("total_updates", state.total_updates)
+        state.window = list(saved.get("window", state.window))
+        if state.stopping is not None and saved.get("stopping"):
+            state.stopping.load_state_dict(saved["stopping"], device)
+            if state.stopping.cooldown is not None:
+                step.schedule.cool_down(*state.stopping.cooldown)
         set_rng_state(saved["rng"])
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "

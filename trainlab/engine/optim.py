@@ -1,4 +1,5 @@
-"""Optimizer and LR schedule: no weight decay on biases and norm weights, a separate head LR, warmup + cosine."""
+"""Optimizer and LR schedule: no weight decay on biases and norm weights, a separate head LR, warmup + cosine (or
+constant, or constant until a plateau and then a linear cooldown)."""
 
 from __future__ import annotations
 
@@ -87,15 +88,52 @@ def warmup_cosine_on_device(step: torch.Tensor, total_steps: int, warmup_steps: 
     return factor
 
 
+def plateau_factor(step: int, warmup_steps: int, cooldown: tuple[int, int] | None, min_ratio: float = 0.01) -> float:
+    """The plateau schedule's LR multiplier: linear warmup, then 1 until the cooldown (start, steps) begins, then a
+    linear decay to `min_ratio` over its steps (warmup-stable-decay: Hu et al. 2024, Hägele et al. 2024)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if cooldown is None or step < cooldown[0]:
+        return 1.0
+    return 1.0 - (1 - min_ratio) * min(1.0, (step - cooldown[0] + 1) / max(1, cooldown[1]))
+
+
+def plateau_on_device(step: torch.Tensor, warmup_steps: int, start: torch.Tensor, steps: torch.Tensor,
+                      min_ratio: float = 0.01) -> torch.Tensor:
+    """plateau_factor from device tensors (a cooldown not begun: `start` beyond any step), for a CUDA graph."""
+    s = step.double()
+    factor = torch.where(s < start, torch.ones_like(s),
+                         1.0 - (1 - min_ratio) * ((s - start + 1) / steps.clamp(min=1)).clamp(max=1.0))
+    if warmup_steps:
+        factor = torch.where(s < warmup_steps, (s + 1) / warmup_steps, factor)
+    return factor
+
+
 class LRSchedule:
-    """Each param group's LR at optimizer step k is its base LR x warmup_cosine(k) (what LambdaLR computes, without
-    its state): set from the host for a float LR, or on the device when the LRs are tensors (capturable optimizers)."""
+    """Each param group's LR at optimizer step k is its base LR x the schedule's factor at k (warmup_cosine, or
+    plateau_factor with the cooldown fit starts at a plateau): set from the host for a float LR, or on the device when
+    the LRs are tensors (capturable optimizers)."""
+
+    NOT_YET = 2.0**62  # a cooldown start beyond any step
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str):
         self.optimizer, self.total, self.warmup, self.schedule = optimizer, total_steps, warmup_steps, schedule
         self.base = [float(g["lr"]) for g in optimizer.param_groups]
-        self.factor = warmup_cosine(total_steps, warmup_steps, schedule)
         self.on_device = all(torch.is_tensor(g["lr"]) for g in optimizer.param_groups)
+        self.cooldown: tuple[int, int] | None = None
+        if schedule == "plateau":
+            self.factor = lambda step: plateau_factor(step, warmup_steps, self.cooldown)
+            device = optimizer.param_groups[0]["lr"].device if self.on_device else "cpu"
+            self._cooldown_t = (torch.full((), self.NOT_YET, dtype=torch.float64, device=device),
+                                torch.ones((), dtype=torch.float64, device=device))
+        else:
+            self.factor = warmup_cosine(total_steps, warmup_steps, schedule)
+
+    def cool_down(self, start: int, steps: int) -> None:
+        """The plateau schedule's cooldown: from optimizer step `start`, `steps` long."""
+        self.cooldown = (start, steps)
+        self._cooldown_t[0].fill_(start)
+        self._cooldown_t[1].fill_(steps)
 
     def lr_at(self, step: int) -> float:
         """The first group's LR for optimizer step `step` (what LambdaLR reports after `step` updates)."""
@@ -104,7 +142,8 @@ class LRSchedule:
     def set(self, step: int | torch.Tensor) -> None:
         """Set the LRs for optimizer step `step` (an int on the host, or a device tensor when `on_device`)."""
         if self.on_device and torch.is_tensor(step):
-            factor = warmup_cosine_on_device(step, self.total, self.warmup, self.schedule)
+            factor = plateau_on_device(step, self.warmup, *self._cooldown_t) if self.schedule == "plateau" else \
+                warmup_cosine_on_device(step, self.total, self.warmup, self.schedule)
             for group, base in zip(self.optimizer.param_groups, self.base):
                 group["lr"].copy_(base * factor)
             return

@@ -33,6 +33,13 @@ class Progress:
             self.write(f"{self.desc}: step {step}/{self.total} loss {loss_fn():.4f} {samples_per_s:,.0f} samples/s")
             self.last_print = now
 
+    def set_total(self, total_steps: int) -> None:
+        """Where training now ends (the plateau schedule's cooldown moves it)."""
+        self.total = total_steps
+        if self.bar is not None:
+            self.bar.total = total_steps
+            self.bar.refresh()
+
     def write(self, line: str) -> None:
         if not self.enabled:
             return

@@ -276,6 +276,11 @@ def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Tr
                               stop_after_epochs=int(os.environ.get(STOP_AFTER_EPOCHS_ENV) or 0) or None))
         tracker.set_tags({"runtime_cuda_graphs": str(result.cuda_graphs),
                           "fingerprint.cuda_graphs": str(result.cuda_graphs)})
+        if result.stopping:  # the plateau schedule (epochs auto): where it stopped and where its weights are from
+            stop = result.stopping
+            print(f"{job.name}: stopped at epoch {stop['stopped_epoch']} (step {stop['stopped_step']:,}): "
+                  f"{stop['why']}; the weights of epoch {stop['best_epoch']} kept", flush=True)
+            tracker.log_params({job.name: {"stopping": stop}})
         task, chosen = get(job.name).load().choose_model(task, result)  # e.g. the text bag's weight decay
         if chosen:
             tracker.log_params({job.name: {"chosen": chosen}})
@@ -324,7 +329,8 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
 
     result, name = trained.fit, job.name
     counts = {"params_total": result.params_total, "params_trainable": result.params_trainable}
-    summary = {**{f"test_{k}": v for k, v in trained.test.items()}, **counts, "epochs": len(result.history)}
+    epochs = int(result.history[-1]["epoch"]) if result.history else 0  # trained (history: one row a validation)
+    summary = {**{f"test_{k}": v for k, v in trained.test.items()}, **counts, "epochs": epochs}
     timing = {"train_time_s": round(result.train_time_s, 3), "stage_time_s": round(trained.seconds, 3),
               "samples_per_s": round(result.samples_per_s, 1)}
     extras = job.extras
@@ -336,7 +342,8 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
         files[PREPROCESSING_FILE] = job.data_dir / PREPROCESSING_FILE
     info = {"task": name, "meta": meta, "auto": job.auto, "test": trained.test, "runtime": trained.runtime.describe(),
             **counts,
-            "epochs": len(result.history), **({"chosen": trained.chosen} if trained.chosen else {})}
+            "epochs": epochs, **({"chosen": trained.chosen} if trained.chosen else {}),
+            **({"stopping": result.stopping} if result.stopping else {})}
     save_model(result.model, job.model_dir, files, {"info.json": info, **extras.json})
     weights_md5 = model_md5(job.model_dir)
     tracker.set_tags({"model_md5": weights_md5})

@@ -1,0 +1,98 @@
+"""The plateau schedule (what `epochs: auto` trains with): it stops when the validation metric stops improving, after a
+cooldown, within its bounds; keeps the best weights; resumes to the same bits; validates every few epochs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.engine.test_loop import make_trainable, runtime, tiny_data
+from trainlab.core.auto import resolve_training
+from trainlab.core.config import ClassifierParams, TrainParams
+from trainlab.engine.loop import FitHooks, FitOptions, TrainingInterrupted, evaluate, fit, scalars
+from trainlab.engine.optim import plateau_factor
+from trainlab.engine.stopping import COOLDOWN_FRACTION, Stopping
+
+PLATEAU = TrainParams(epochs=60, schedule="plateau", patience=2, batch_size=16, lr=2e-2, warmup_epochs=0.5,
+                      weight_decay=0.01, min_steps=8)
+
+
+def weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [v.detach().clone() for v in model.state_dict().values()]
+
+
+def test_the_plateau_schedule_stops_early_after_a_cooldown_and_keeps_the_best_weights():
+    train, val = tiny_data(96), tiny_data(48, seed=1)
+    result = fit(make_trainable(), train, val, PLATEAU, runtime(), seed=0)
+    stop = result.stopping
+    epochs = [int(r["epoch"]) for r in result.history]
+    assert stop["stopped_epoch"] == epochs[-1] < PLATEAU.epochs  # stopped long before the ceiling of 60 epochs
+    assert "had not improved for 2 validations" in stop["why"] and "cooldown" in stop["why"]
+    best_row = next(r for r in result.history if int(r["epoch"]) == stop["best_epoch"])
+    assert stop["best_val_accuracy"] == best_row["val_accuracy"] == max(r["val_accuracy"] for r in result.history)
+    # the model returned holds the best epoch's weights: validating it again gives that epoch's figure
+    again = scalars(evaluate(dataclasses.replace(make_trainable(), model=result.model), result.model, val,
+                             runtime()))
+    assert again["accuracy"] == pytest.approx(best_row["val_accuracy"], abs=1e-6)
+    # the LR is constant (after warmup) until the cooldown, then falls linearly to 1% of it at the last step
+    lrs = [r["lr"] for r in result.history]
+    assert lrs[-1] == pytest.approx(PLATEAU.lr * 0.01, rel=1e-6) and max(lrs) == pytest.approx(PLATEAU.lr)
+
+
+def test_the_cooldown_lasts_a_fifth_of_the_steps_so_far_and_the_factor_falls_linearly():
+    stopping = Stopping("accuracy", patience=1)
+    assert stopping.begin_cooldown(100, steps_per_validation=6) == round(COOLDOWN_FRACTION * 100)
+    assert Stopping("accuracy", patience=1).begin_cooldown(10, steps_per_validation=6) == 6  # at least a validation
+    assert plateau_factor(3, 0, None) == 1.0 and plateau_factor(3, 10, None) == pytest.approx(0.4)
+    factors = [plateau_factor(s, 0, (100, 20)) for s in range(98, 121)]
+    assert factors[:2] == [1.0, 1.0] and factors[-2] == pytest.approx(0.01) and factors[2] < 1.0
+    assert all(a >= b for a, b in zip(factors, factors[1:]))
+
+
+def test_a_plateau_is_not_called_before_the_lower_bound_and_the_ceiling_forces_the_cooldown():
+    stopping = Stopping("accuracy", patience=2, lower_steps=50)
+    model = torch.nn.Linear(2, 2)
+    for epoch, value in enumerate([0.5, 0.4, 0.4, 0.4], start=1):
+        stopping.observe({"epoch": epoch, "step": 10 * epoch, "val_accuracy": value}, model)
+    assert stopping.since_best == 3 and not stopping.plateaued(40, ceiling=1000)  # 40 steps < 50
+    assert stopping.plateaued(50, ceiling=1000) and not stopping.at_ceiling
+    fresh = Stopping("accuracy", patience=100)
+    assert fresh.plateaued(900, ceiling=1000) and fresh.at_ceiling  # 900 + 20% passes the ceiling
+
+
+def test_a_run_killed_mid_way_resumes_to_the_same_bits_and_stops_at_the_same_step(tmp_path):
+    train, val = tiny_data(96), tiny_data(48, seed=1)
+    whole = fit(make_trainable(), train, val, PLATEAU, runtime(), seed=0)
+    options = FitOptions(checkpoint_path=tmp_path / "last.pt", fingerprint="x")
+    with pytest.raises(TrainingInterrupted):
+        fit(make_trainable(), train, val, PLATEAU, runtime(), 0, options,
+            FitHooks(stop_after_epochs=whole.stopping["stopped_epoch"] - 2))
+    resumed = fit(make_trainable(), train, val, PLATEAU, runtime(), 0, options)
+    assert resumed.resumed_from_step > 0 and resumed.stopping == whole.stopping
+    def timeless(history):
+        return [{k: v for k, v in row.items() if k != "samples_per_s"} for row in history]
+
+    assert timeless(resumed.history) == timeless(whole.history)
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed.model), weights(whole.model)))
+
+
+def test_validations_every_few_epochs_average_the_training_loss_over_the_window():
+    train, val = tiny_data(64), tiny_data(32, seed=1)
+    cfg = TrainParams(epochs=6, batch_size=16, lr=2e-2, validate_every=8)  # 4 steps an epoch: every 2 epochs
+    result = fit(make_trainable(), train, val, cfg, runtime(), seed=0)
+    assert [int(r["epoch"]) for r in result.history] == [2, 4, 6]
+    assert [int(r["step"]) for r in result.history] == [8, 16, 24]
+
+
+def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_cadence_of_tens_of_validations():
+    photos = {"num_classes": 2, "channels": 3, "height": 96, "width": 96, "augment": "photo"}
+    cfg, choices = resolve_training("classifier", ClassifierParams(epochs="auto", batch_size=64), photos, 80)
+    # 80 photos: one step an epoch; CutMix's lower bound of 3,840 steps; about 20 validations in it
+    assert cfg.schedule == "plateau" and cfg.min_steps == 3840 and cfg.epochs == 38_400
+    assert cfg.validate_every == 192 and "about 20 validations" in choices["validate_every"]["why"]
+    digits = {"num_classes": 10, "channels": 1, "height": 28, "width": 28}
+    cfg, choices = resolve_training("classifier", ClassifierParams(), digits, 3500)
+    assert cfg.schedule == "cosine" and cfg.epochs == 9 and cfg.validate_every == 54  # every epoch, as set
+    assert "validate_every" not in choices

@@ -1,0 +1,89 @@
+"""Early stopping on a validation plateau (the plateau schedule, what `epochs: auto` trains with): the best value of
+the primary validation metric and its weights, the validations since, and the cooldown once it began. All of it is
+in the checkpoint, so that a resumed run stops where the uninterrupted one would."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+# The cooldown (a linear LR decay) that follows a plateau lasts this fraction of the steps trained until then
+# (warmup-stable-decay schedules cool down over 10-20% of a run: Hägele et al. 2024), and at least one validation.
+COOLDOWN_FRACTION = 0.2
+
+
+@dataclass
+class Stopping:
+    """Watches `metric` (a key of the validation row, without its val_ prefix) from `lower_steps` optimizer steps
+    on: after `patience` validations without a better value, the cooldown begins (cooldown_steps)."""
+
+    metric: str
+    patience: int
+    lower_steps: int = 0
+    higher_is_better: bool = True
+    best: float | None = None
+    best_epoch: int = 0
+    best_step: int = 0
+    since_best: int = 0
+    cooldown: tuple[int, int] | None = None  # (first step, steps)
+    best_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    at_ceiling: bool = False  # the cooldown began because the epoch ceiling was near, not at a plateau
+
+    def observe(self, row: dict[str, float], model: nn.Module) -> bool:
+        """Take one validation row; a better value keeps a copy of `model`'s weights. True when it was better."""
+        value = row.get(f"val_{self.metric}", float("nan"))
+        better = not math.isnan(value) and (self.best is None or (value > self.best if self.higher_is_better
+                                                                  else value < self.best))
+        if better:
+            self.best, self.best_epoch, self.best_step, self.since_best = value, int(row["epoch"]), int(row["step"]), 0
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.since_best += 1
+        return better
+
+    def plateaued(self, step: int, ceiling: int) -> bool:
+        """Whether the cooldown should begin now: none yet, and either the lower bound trained with `patience`
+        validations of nothing better, or the cooldown would otherwise not end by the `ceiling` step."""
+        if self.cooldown is not None:
+            return False
+        self.at_ceiling = step + math.ceil(COOLDOWN_FRACTION * step) >= ceiling
+        return self.at_ceiling or (step >= self.lower_steps and self.since_best >= self.patience)
+
+    def begin_cooldown(self, step: int, steps_per_validation: int) -> int:
+        """Start the cooldown at `step`; its length in optimizer steps."""
+        steps = max(math.ceil(COOLDOWN_FRACTION * step), steps_per_validation)
+        self.cooldown = (step, steps)
+        return steps
+
+    def restore_best(self, model: nn.Module) -> None:
+        """Put the best weights seen back into `model` (nothing when no validation was better than none)."""
+        if self.best_state:
+            model.load_state_dict(self.best_state)
+
+    def record(self, epochs: int, steps: int) -> dict:
+        """What info.json and MLflow keep: where the run stopped, where its best weights are from, and why."""
+        if self.cooldown is None:
+            why = "stopped before a plateau"
+        elif self.at_ceiling:
+            why = f"the step ceiling came before a plateau: {self.cooldown[1]:,} steps of cooldown from step " \
+                  f"{self.cooldown[0]:,}"
+        else:
+            why = (f"val_{self.metric} had not improved for {self.patience} validations at step {self.cooldown[0]:,}; "
+                   f"then {self.cooldown[1]:,} steps of cooldown")
+        return {"stopped_epoch": epochs, "stopped_step": steps, "best_epoch": self.best_epoch,
+                "best_step": self.best_step, f"best_val_{self.metric}": self.best, "why": why}
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_epoch": self.best_epoch, "best_step": self.best_step,
+                "since_best": self.since_best, "cooldown": list(self.cooldown) if self.cooldown else None,
+                "at_ceiling": self.at_ceiling,
+                "best_state": {k: v.cpu() for k, v in self.best_state.items()}}
+
+    def load_state_dict(self, saved: dict, device: torch.device) -> None:
+        self.best, self.best_epoch, self.best_step = saved["best"], saved["best_epoch"], saved["best_step"]
+        self.since_best, self.at_ceiling = saved["since_best"], saved.get("at_ceiling", False)
+        self.cooldown = tuple(saved["cooldown"]) if saved["cooldown"] else None
+        self.best_state = {k: v.to(device) for k, v in saved["best_state"].items()}
