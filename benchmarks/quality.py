@@ -4,6 +4,8 @@
     python -m benchmarks.quality --only-sets cats_dogs,bbc_news      # some data sets
     python -m benchmarks.quality --quick                             # sliced data, few steps: the machinery only
     python -m benchmarks.quality --only-sets drive --slice 12 --max-steps 2 --keep-workspace
+    python -m benchmarks.quality --only-sets cats_dogs --seeds 42,43,44     # small sets: mean and spread of 3 seeds
+    python -m benchmarks.quality --only-sets cats_dogs --set classifier.epochs=auto   # params.yaml with a change
 
 params.yaml as it is, with only the data source and its path set (as a user would), on every data set of
 ../shared/data/quality/ (--data DIR or $QUALITY_DATA elsewhere; see its README) and on the embedded default data.
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from benchmarks.common import DEFAULT_OUT, REPO, PartResult, fmt, log, table, write_json
 
 QUALITY_DATA = REPO.parent / "shared" / "data" / "quality"
@@ -47,14 +51,15 @@ class DataSet:
     task: str  # classifier | segmenter | text
     path: str | None
     target: float | None = None
+    small: bool = False  # a test split of a few hundred samples or less: one seed (and its split) is one draw
 
 
 SETS = {
     "fashion_mnist": DataSet("classifier", "FashionMNIST/raw", 0.94),
-    "cats_dogs": DataSet("classifier", "cats_dogs", 0.78),
-    "drive": DataSet("segmenter", "drive", 0.78),
-    "crackforest": DataSet("segmenter", "crackforest", 0.55),
-    "bbc_news": DataSet("text", "text/bbc_news.csv"),
+    "cats_dogs": DataSet("classifier", "cats_dogs", 0.78, small=True),
+    "drive": DataSet("segmenter", "drive", 0.78, small=True),
+    "crackforest": DataSet("segmenter", "crackforest", 0.55, small=True),
+    "bbc_news": DataSet("text", "text/bbc_news.csv", small=True),
     "reuters_r8": DataSet("text", "text/reuters_r8.csv"),
     "embedded_classifier": DataSet("classifier", None),
     "embedded_segmenter": DataSet("segmenter", None),
@@ -199,15 +204,17 @@ def slice_data(name: str, source: Path, dst: Path, n: int, label_column: str, de
 
 # --- one data set, in the child process ---------------------------------------------------------------------------
 
-def train_one(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None) -> dict[str, Any]:
-    """Prepare and train the data set with the default params in `workdir` (the current folder: train_task writes
-    its checkpoints under ./checkpoints); the test figures, timings and what `auto` resolved to."""
+def train_one(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None,
+              changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prepare and train the data set with the default params (and `changes`, dotted keys) in `workdir` (the current
+    folder: train_task writes its checkpoints under ./checkpoints); the test figures, timings and what `auto`
+    resolved to."""
     from trainlab.core.config import load_params
     from trainlab.jobs.prepare import prepare_classification, prepare_segmentation, prepare_text
     from trainlab.jobs.train import train_task
 
     spec, task = SETS[name], SETS[name].task
-    overrides: dict[str, Any] = {"tracking.enabled": False}
+    overrides: dict[str, Any] = {"tracking.enabled": False, **(changes or {})}
     source = None
     if spec.path is not None:
         source = data_dir / spec.path
@@ -240,8 +247,9 @@ def train_one(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max
     outcome = train_task(task, params, prepared, model_dir, workdir / "reports" / task, **options)
     info = json.loads((model_dir / "info.json").read_text())
     return {**row, "test": outcome.test, "train_time_s": outcome.fit.train_time_s,
-            "samples_per_s": outcome.fit.samples_per_s, "epochs": len(outcome.fit.history),
-            "device": info.get("runtime", {}).get("runtime_device"), "resolved": resolved(info)}
+            "samples_per_s": outcome.fit.samples_per_s, "epochs": info["epochs"],
+            "device": info.get("runtime", {}).get("runtime_device"), "resolved": resolved(info),
+            **({"stopping": info["stopping"]} if "stopping" in info else {})}
 
 
 def resolved(info: dict[str, Any]) -> dict[str, Any]:
@@ -266,7 +274,7 @@ def child_main(args: argparse.Namespace) -> int:
     """--one NAME: train it, write RESULT_FILE in the working folder (the error's first line if it failed)."""
     workdir = Path(args.workdir).resolve()
     try:
-        result = train_one(args.one, data_folder(args.data), workdir, args.slice, args.max_steps)
+        result = train_one(args.one, data_folder(args.data), workdir, args.slice, args.max_steps, args.changes)
     except Exception as exc:  # noqa: BLE001 - the row says what failed; the parent runs the other data sets
         traceback.print_exc()
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -278,13 +286,15 @@ def child_main(args: argparse.Namespace) -> int:
 
 # --- the parent: one child per data set, the table ------------------------------------------------------------------
 
-def run_child(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None) -> dict[str, Any]:
+def run_child(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None,
+              changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """`python -m benchmarks.quality --one NAME` in `workdir`, its output streamed to stderr; its result with its
     peak RSS (the child's own, from wait4) and wall time."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.quality", "--one", name, "--workdir", str(workdir),
            "--data", str(data_dir)]
     cmd += [*(["--slice", str(slice_n)] if slice_n else []), *(["--max-steps", str(max_steps)] if max_steps else [])]
+    cmd += [arg for key, value in (changes or {}).items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -304,6 +314,28 @@ def run_child(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max
         result = {"error": f"exit {proc.returncode} without a result: {tail[-1] if tail else 'no output'}"}
     return {**result, "peak_rss_mib": round(usage.ru_maxrss / MIB, 1), "wall_s": round(time.perf_counter() - t0, 1),
             "exit_code": proc.returncode}
+
+
+def repeated(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None,
+             changes: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """A small data set once per seed (each seed draws its own split and initialisation): each test figure is the
+    mean over the seeds, what the row is judged on; the judged figure of each seed and their spread beside it."""
+    runs = [run_child(name, data_dir, workdir / f"seed{seed}", slice_n, max_steps, {**changes, "base.seed": seed})
+            for seed in seeds]
+    failed = next((run for run in runs if "error" in run), None)
+    if failed is not None:
+        return failed
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    key = figure_key(name)
+    each = [run["test"][key] for run in runs]
+    row = {**runs[0], "test": {k: mean([run["test"][k] for run in runs]) for k in runs[0]["test"]},
+           "seeds": dict(zip(map(str, seeds), each)), "spread": max(each) - min(each),
+           "train_time_s": mean([run["train_time_s"] for run in runs]),
+           "samples_per_s": mean([run["samples_per_s"] for run in runs]),
+           "peak_rss_mib": max(run["peak_rss_mib"] for run in runs), "wall_s": sum(run["wall_s"] for run in runs)}
+    if "baseline_accuracy" in runs[0]:
+        row["baseline_accuracy"] = mean([run["baseline_accuracy"] for run in runs])
+    return row
 
 
 def cpu_description() -> str:
@@ -373,12 +405,18 @@ def figure_text(name: str, row: dict[str, Any]) -> str:
         return "–"
     spec = SETS[name]
     if spec.task == "segmenter" and spec.path is not None:
-        return f"Dice {test['dice_foreground']:.4f}, IoU {test['iou_foreground']:.4f}"
+        shown = f"Dice {test['dice_foreground']:.4f}, IoU {test['iou_foreground']:.4f}"
+        return shown + (f"; mean of seeds {' / '.join(f'{v:.4f}' for v in row['seeds'].values())}"
+                        if "seeds" in row else "")
     if spec.task == "segmenter":
         return f"mean IoU {test['mean_iou']:.4f}"
     if spec.task == "text":
-        return f"accuracy {test['accuracy']:.4f} (TF-IDF {row['baseline_accuracy']:.4f})"
-    return f"accuracy {test['accuracy']:.4f}"
+        shown = f"accuracy {test['accuracy']:.4f} (TF-IDF {row['baseline_accuracy']:.4f})"
+    else:
+        shown = f"accuracy {test['accuracy']:.4f}"
+    if "seeds" in row:
+        shown += f"; mean of seeds {' / '.join(f'{v:.4f}' for v in row['seeds'].values())}"
+    return shown
 
 
 def resolved_text(row: dict[str, Any]) -> str:
@@ -394,7 +432,9 @@ def markdown(data: dict[str, Any]) -> str:
             for r in data["rows"]]
     settings = data["settings"]
     sliced = (f"; sliced to {settings['slice']} per class / pairs / rows per label" if settings["slice"] else "") + \
-             (f"; at most {settings['max_steps']} optimizer steps" if settings["max_steps"] else "")
+             (f"; at most {settings['max_steps']} optimizer steps" if settings["max_steps"] else "") + \
+             "".join(f"; {k}: {v}" for k, v in settings.get("changes", {}).items()) + \
+             (f"; small sets over seeds {', '.join(map(str, settings['seeds']))}" if settings.get("seeds") else "")
     lines = ["## Quality on real data (default params)", "",
              f"{data['cpu']}; trained on {', '.join(data['devices']) or '–'}; {data['date']}; data {data['data']}"
              f"{sliced}.", ""]
@@ -408,8 +448,11 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_steps: int | None = None,
-            quick: bool = False, keep: bool = False) -> dict[str, Any]:
-    """Every data set of `sets` in its own child process; the rows with their verdicts, and which ones failed."""
+            quick: bool = False, keep: bool = False, changes: dict[str, Any] | None = None,
+            seeds: list[int] | None = None) -> dict[str, Any]:
+    """Every data set of `sets` in its own child process (a small one once per seed of `seeds`); the rows with their
+    verdicts, and which ones failed."""
+    changes = changes or {}
     kind = cpu_kind()
     if not data_dir.is_dir():
         log(f"quality: the quality data folder {data_dir} is not there: every data set but the embedded ones "
@@ -423,7 +466,9 @@ def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_ste
                 row = {"error": why}
             else:
                 log(f"quality {name}: training the default {SETS[name].task} ({workspace / name})")
-                row = run_child(name, data_dir, workspace / name, slice_n, max_steps)
+                row = repeated(name, data_dir, workspace / name, slice_n, max_steps, changes, seeds) \
+                    if seeds and SETS[name].small else run_child(name, data_dir, workspace / name, slice_n,
+                                                                 max_steps, changes)
             row = {"name": name, **row, "target": target_text(name, kind)}
             row["verdict"] = verdict(name, row, kind, quick)
             log(f"quality {name}: {row['verdict']}" if "error" in row else
@@ -436,7 +481,8 @@ def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_ste
             shutil.rmtree(workspace, ignore_errors=True)
     return {"cpu": cpu_description(), "cpu_kind": kind, "date": time.strftime("%Y-%m-%d"), "data": str(data_dir),
             "devices": sorted({r["device"] for r in rows if r.get("device")}),
-            "settings": {"quick": quick, "slice": slice_n, "max_steps": max_steps, "sets": sets},
+            "settings": {"quick": quick, "slice": slice_n, "max_steps": max_steps, "sets": sets, "changes": changes,
+                         "seeds": seeds},
             "rows": rows, "failed": [r["name"] for r in rows if "error" in r]}
 
 
@@ -449,13 +495,14 @@ def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(quick: bool, data_dir: Path | None = None, sets: list[str] | None = None, slice_n: int | None = None,
-        max_steps: int | None = None, keep: bool = False) -> PartResult:
+        max_steps: int | None = None, keep: bool = False, changes: dict[str, Any] | None = None,
+        seeds: list[int] | None = None) -> PartResult:
     """The part: every data set (or `sets`); --quick slices them small and stops after a few steps. A FAILED row
     (missing data included) makes the part fail (data["failed"])."""
     t0 = time.perf_counter()
     if quick:
         slice_n, max_steps = slice_n or QUICK_SLICE, max_steps or QUICK_STEPS
-    data = measure(sets or list(SETS), data_folder(data_dir), slice_n, max_steps, quick, keep)
+    data = measure(sets or list(SETS), data_folder(data_dir), slice_n, max_steps, quick, keep, changes, seeds)
     if data["failed"]:
         log(f"quality: FAILED: {', '.join(data['failed'])}")
     return PartResult("quality", data, markdown(data), headline_figures(data), time.perf_counter() - t0)
@@ -475,6 +522,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="stop each training after K optimizer steps (<task>.max_steps)")
     parser.add_argument("--keep-workspace", action="store_true", help="keep the working folders (data slices, "
                         "prepared data, models)")
+    parser.add_argument("--set", dest="sets_params", action="append", default=[], metavar="KEY=VALUE",
+                        help="a change to params.yaml for every row (a dotted key; the value read as YAML), e.g. "
+                        "classifier.epochs=auto; repeatable")
+    parser.add_argument("--seeds", default=None, metavar="S1,S2,...", help="train each small data set (cats_dogs, "
+                        "drive, crackforest, bbc_news) once per seed, each with its own split: judged on the mean")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where quality.json is written")
     parser.add_argument("--one", choices=list(SETS), help=argparse.SUPPRESS)  # the child: one data set
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -488,6 +540,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{flag} must be at least 1")
     if args.one and not args.workdir:
         parser.error("--one needs --workdir")
+    args.changes = {}
+    for item in args.sets_params:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE, e.g. classifier.epochs=auto")
+        args.changes[key.strip()] = yaml.safe_load(value)
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: expected whole numbers separated by commas, e.g. 42,43,44")
     return args
 
 
@@ -495,7 +557,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.one:
         return child_main(args)
-    part = run(args.quick, args.data, args.sets, args.slice, args.max_steps, args.keep_workspace)
+    part = run(args.quick, args.data, args.sets, args.slice, args.max_steps, args.keep_workspace, args.changes,
+               args.seeds)
     write_json(args.out / "quality.json", part.data)
     print(part.markdown)
     log(f"quality: wrote {args.out / 'quality.json'} ({part.seconds:.0f} s)")
