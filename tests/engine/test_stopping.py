@@ -96,3 +96,14 @@ def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_caden
     cfg, choices = resolve_training("classifier", ClassifierParams(), digits, 3500)
     assert cfg.schedule == "cosine" and cfg.epochs == 9 and cfg.validate_every == 54  # every epoch, as set
     assert "validate_every" not in choices
+
+
+def test_keep_last_returns_the_cooled_down_weights_of_the_same_run():
+    train, val = tiny_data(96), tiny_data(48, seed=1)
+    best = fit(make_trainable(), train, val, PLATEAU, runtime(), seed=0)
+    last = fit(make_trainable(), train, val, PLATEAU.model_copy(update={"keep": "last"}), runtime(), seed=0)
+    assert last.stopping["kept_epoch"] == last.stopping["stopped_epoch"] == best.stopping["stopped_epoch"]
+    assert best.stopping["kept_epoch"] == best.stopping["best_epoch"]
+    trainable = dataclasses.replace(make_trainable(), model=last.model)
+    again = scalars(evaluate(trainable, last.model, val, runtime()))
+    assert again["accuracy"] == pytest.approx(last.history[-1]["val_accuracy"], abs=1e-6)  # the last row's weights

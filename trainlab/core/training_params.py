@@ -43,6 +43,8 @@ class TrainParams(Section):
     schedule: Literal["cosine", "constant", "plateau"] = "cosine"
     # epochs auto (and schedule plateau): validations without a better primary validation metric before the cooldown
     patience: int = Field(5, ge=1, le=1000)
+    # schedule plateau: the weights kept, the best validation's or the last (after the cooldown)
+    keep: Literal["best", "last"] = "best"
     # optimizer steps between validations, rounded up to whole epochs; auto: every epoch, or every few epochs so that
     # the lower bound of a run (min_steps, or the epochs set) holds about 20 validations (trainlab.core.auto)
     validate_every: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"

@@ -159,7 +159,7 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
         print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
     step = TrainStep(trainable, model, cfg, runtime, total_updates=plan.total_updates, seed=seed, forward=forward,
                      warmup_updates=round(cfg.warmup_epochs * plan.updates_per_epoch), graphs=graphs)
-    stopping = Stopping(trainable.primary_metric, cfg.patience, cfg.min_steps or 0) \
+    stopping = Stopping(trainable.primary_metric, cfg.patience, cfg.min_steps or 0, keep_best=cfg.keep == "best") \
         if cfg.schedule == "plateau" else None
     state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}),
                      total_updates=plan.total_updates, stopping=stopping)

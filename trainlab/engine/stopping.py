@@ -24,6 +24,7 @@ class Stopping:
     patience: int
     lower_steps: int = 0
     higher_is_better: bool = True
+    keep_best: bool = True  # fit returns the best validation's weights (else the last ones, after the cooldown)
     best: float | None = None
     best_epoch: int = 0
     best_step: int = 0
@@ -39,7 +40,8 @@ class Stopping:
                                                                   else value < self.best))
         if better:
             self.best, self.best_epoch, self.best_step, self.since_best = value, int(row["epoch"]), int(row["step"]), 0
-            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if self.keep_best:
+                self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         else:
             self.since_best += 1
         return better
@@ -73,7 +75,8 @@ class Stopping:
         else:
             why = (f"val_{self.metric} had not improved for {self.patience} validations at step {self.cooldown[0]:,}; "
                    f"then {self.cooldown[1]:,} steps of cooldown")
-        return {"stopped_epoch": epochs, "stopped_step": steps, "best_epoch": self.best_epoch,
+        return {"stopped_epoch": epochs, "stopped_step": steps, "kept_epoch": self.best_epoch if self.keep_best
+                else epochs, "best_epoch": self.best_epoch,
                 "best_step": self.best_step, f"best_val_{self.metric}": self.best, "why": why}
 
     def state_dict(self) -> dict:

@@ -279,7 +279,7 @@ def train_tracked(job: TrainingJob, meta: dict, splits: dict[str, Any], task: Tr
         if result.stopping:  # the plateau schedule (epochs auto): where it stopped and where its weights are from
             stop = result.stopping
             print(f"{job.name}: stopped at epoch {stop['stopped_epoch']} (step {stop['stopped_step']:,}): "
-                  f"{stop['why']}; the weights of epoch {stop['best_epoch']} kept", flush=True)
+                  f"{stop['why']}; the weights of epoch {stop['kept_epoch']} kept", flush=True)
             tracker.log_params({job.name: {"stopping": stop}})
         task, chosen = get(job.name).load().choose_model(task, result)  # e.g. the text bag's weight decay
         if chosen:
