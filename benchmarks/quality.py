@@ -5,7 +5,7 @@
     python -m benchmarks.quality --quick                             # sliced data, few steps: the machinery only
     python -m benchmarks.quality --only-sets drive --slice 12 --max-steps 2 --keep-workspace
     python -m benchmarks.quality --only-sets cats_dogs --seeds 42,43,44     # small sets: mean and spread of 3 seeds
-    python -m benchmarks.quality --only-sets cats_dogs --set classifier.epochs=auto   # params.yaml with a change
+    python -m benchmarks.quality --only-sets cats_dogs --set classifier.patience=5   # params.yaml with a change
 
 params.yaml as it is, with only the data source and its path set (as a user would), on every data set of
 ../shared/data/quality/ (--data DIR or $QUALITY_DATA elsewhere; see its README) and on the embedded default data.
@@ -524,7 +524,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "prepared data, models)")
     parser.add_argument("--set", dest="sets_params", action="append", default=[], metavar="KEY=VALUE",
                         help="a change to params.yaml for every row (a dotted key; the value read as YAML), e.g. "
-                        "classifier.epochs=auto; repeatable")
+                        "classifier.patience=5; repeatable")
     parser.add_argument("--seeds", default=None, metavar="S1,S2,...", help="train each small data set (cats_dogs, "
                         "drive, crackforest, bbc_news) once per seed, each with its own split: judged on the mean")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where quality.json is written")
@@ -544,7 +544,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for item in args.sets_params:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            parser.error(f"--set {item!r}: expected KEY=VALUE, e.g. classifier.epochs=auto")
+            parser.error(f"--set {item!r}: expected KEY=VALUE, e.g. classifier.patience=5")
         args.changes[key.strip()] = yaml.safe_load(value)
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None

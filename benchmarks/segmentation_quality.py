@@ -46,9 +46,11 @@ def params_for(root: Path, overrides: dict[str, Any]):
 
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the segmenter of `params` on the prepared folder; test per-class IoU/Dice and the training time."""
+    from trainlab.core.auto import resolve_training
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
     from trainlab.data.prepared import load_meta, load_split
+    from trainlab.engine.batches import num_samples
     from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.jobs.train import build_trainable
 
@@ -57,7 +59,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
     runtime = resolve_runtime(params.base)
     seed_everything(params.base.seed)
     task = build_trainable("segmenter", params, meta)
-    cfg = params.segmenter
+    cfg, _ = resolve_training("segmenter", params.segmenter, meta, num_samples(splits["train"]))  # as the stage
     with quiet_stderr(), CpuClock() as clock:
         result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed,
                      options=FitOptions(eval_batch_size=4))

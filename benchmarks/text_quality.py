@@ -65,9 +65,11 @@ def prepare(corpus: str, folder: Path, params) -> dict[str, Any]:
 
 def train_and_test(params, folder: Path) -> dict[str, Any]:
     """Fit the text model of `params` on the prepared folder (no checkpoint, no tracking); test metrics and time."""
+    from trainlab.core.auto import resolve_training
     from trainlab.core.repro import seed_everything
     from trainlab.core.runtime import resolve_runtime
     from trainlab.data.prepared import load_meta, load_split
+    from trainlab.engine.batches import num_samples
     from trainlab.engine.loop import FitOptions, evaluate, fit, scalars
     from trainlab.jobs.train import build_trainable
     from trainlab.tasks import get
@@ -79,7 +81,7 @@ def train_and_test(params, folder: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     task = build_trainable("text", params, meta, splits["train"], folder)  # with the statistics of the training split
     statistics_s = time.perf_counter() - t0
-    cfg = params.text
+    cfg, _ = resolve_training("text", params.text, meta, num_samples(splits["train"]))  # as the stage
     with quiet_stderr():
         result = fit(task, splits["train"], splits["val"], cfg, runtime, params.base.seed,
                      options=FitOptions(eval_batch_size=2 * cfg.batch_size))

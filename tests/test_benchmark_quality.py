@@ -127,13 +127,13 @@ def test_idx_reader_reads_the_shared_fashion_mnist_labels():
                     "sets sit beside the checkout in ../shared/data/quality, see its README)")
 def test_a_small_set_over_seeds_is_judged_on_the_mean_and_a_params_change_reaches_every_run(tmp_path):
     proc = run_quality("--only-sets", "cats_dogs", "--slice", "12", "--max-steps", "2", "--seeds", "1,2",
-                       "--set", "classifier.epochs=auto", "--out", str(tmp_path))
+                       "--set", "classifier.patience=7", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "quality.json").read_text())
     row = data["rows"][0]
-    assert data["settings"]["changes"] == {"classifier.epochs": "auto"} and data["settings"]["seeds"] == [1, 2]
+    assert data["settings"]["changes"] == {"classifier.patience": 7} and data["settings"]["seeds"] == [1, 2]
     assert list(row["seeds"]) == ["1", "2"]
     assert row["test"]["accuracy"] == pytest.approx(sum(row["seeds"].values()) / 2)
     assert row["spread"] == pytest.approx(max(row["seeds"].values()) - min(row["seeds"].values()))
-    assert "auto, at most" in str(row["resolved"]["epochs"])  # epochs auto reached the child's params
-    assert "mean of seeds" in proc.stdout and "classifier.epochs: auto" in proc.stdout
+    assert "for 7 validations" in str(row["resolved"]["epochs"])  # the patience reached the child's params
+    assert "mean of seeds" in proc.stdout and "classifier.patience: 7" in proc.stdout

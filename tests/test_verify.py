@@ -1,6 +1,6 @@
-"""python -m trainlab.verify on a tiny classifier: identical on the machine that trained it; an injected
-nondeterminism found at its epoch and, with --bisect, at its step; a killed and resumed run keeps the same trail; a
-faked ISA record named in the verdict."""
+"""python -m trainlab.verify on a tiny classifier: identical on the machine that trained it (a fixed number of epochs,
+or epochs auto's plateau schedule); an injected nondeterminism found at its epoch and, with --bisect, at its step; a
+killed and resumed run keeps the same trail; a faked ISA record named in the verdict."""
 
 from __future__ import annotations
 
@@ -29,22 +29,28 @@ from trainlab.engine.trail import PERTURB_ENV
 
 # About 27 optimizer steps an epoch, 3 epochs, a checkpoint every 5 steps (so a kill lands between two).
 PARAMS = {"classifier": {"batch_size": 128, "epochs": 3, "min_steps": None, "checkpoint_every_steps": 5}}
+# epochs auto: the plateau schedule from a lower bound of about 2 epochs, a cooldown after 1 validation of no progress
+PLATEAU = {"classifier": {"batch_size": 128, "epochs": "auto", "min_steps": 60, "patience": 1,
+                          "checkpoint_every_steps": 5}}
 PYTHON = str(BIN / "python")
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def train_once(root: Path, params: dict) -> Path:
     """Prepared data and the classifier trained once (a stage subprocess, tracking off)."""
     from stages.prepare import main as prepare
 
-    root = tmp_path_factory.mktemp("verify")
-    write_params(root / "params.yaml", tiny_params(PARAMS))
+    write_params(root / "params.yaml", tiny_params(params))
     prepare([str(root / "data" / "prepared"), str(root / "reports" / "data_stats.json"), "--params",
              str(root / "params.yaml")])
     proc = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return train_once(tmp_path_factory.mktemp("verify"), PARAMS)
 
 
 def record(root: Path) -> dict:
@@ -188,3 +194,29 @@ def test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock(tmp_path):
     assert verdicts[("evaluate", "reports/evaluate/metrics.json")] == "identical"
     assert verdicts[("profile", "reports/profile/measurements.json")].startswith("timing-only")
     assert "0 differ unexpectedly" in proc.stdout
+
+
+def test_a_run_stopped_on_its_plateau_resumes_after_kill_9_to_the_same_bits_and_verifies_identical(tmp_path_factory):
+    trained = train_once(tmp_path_factory.mktemp("verify-plateau"), PLATEAU)
+    stopping = json.loads((trained / "models" / "classifier" / "info.json").read_text())["stopping"]
+    epochs = stopping["stopped_epoch"]
+    assert 2 <= epochs < 100 and "cooldown" in stopping["why"]  # stopped on its plateau, far below the ceiling
+    proc = verify(trained, "models/classifier")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"IDENTICAL to the bit: {epochs} epochs" in proc.stdout and "model.safetensors md5 equal" in proc.stdout
+
+    root = tmp_path_factory.mktemp("verify-plateau-killed")
+    shutil.copytree(trained, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("models", "reports"))
+    proc = start([PYTHON, "-m", "stages.train_classifier", *CLASSIFIER_ARGS], root, root / "killed.log")
+    try:
+        wait_until(mid_epoch_checkpoint(root / CHECKPOINT, min_epoch=1), proc, root / "killed.log",
+                   what="a mid-epoch checkpoint")
+    finally:
+        stop_group(proc, signal.SIGKILL)
+    resumed = run_stage("stages.train_classifier", CLASSIFIER_ARGS, root)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stdout[-2000:] + resumed.stderr
+    ours, theirs = record(root)["trail"], record(trained)["trail"]
+    assert ours["steps"] == theirs["steps"] and ours["epochs"] == theirs["epochs"]
+    assert json.loads((root / "models" / "classifier" / "info.json").read_text())["stopping"] == stopping
+    weights = [(r / "models" / "classifier" / "model.safetensors").read_bytes() for r in (root, trained)]
+    assert weights[0] == weights[1]

@@ -22,14 +22,15 @@ def test_a_batch_larger_than_the_training_split_becomes_the_whole_split():
     assert cfg.batch_size == 32 and "batch_size" not in choices
 
 
-def test_min_steps_raises_the_epochs_of_small_data_only():
+def test_a_number_of_epochs_is_trained_exactly_and_min_steps_bounds_epochs_auto_only():
     small, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 100)
-    assert small.epochs == 5 and "10 steps" in choices["epochs"]["why"]  # 10 steps an epoch
-    large, choices = resolve_training("text", TextParams(batch_size=10, epochs=2, min_steps=50), {}, 10_000)
-    assert large.epochs == 2 and "epochs" not in choices and "batch_size" not in choices
-    accumulated, _ = resolve_training("text", TextParams(batch_size=10, epochs=1, min_steps=50,
-                                                         accumulation_steps=2), {}, 100)
-    assert accumulated.epochs == 10  # 5 optimizer steps an epoch
+    assert small.epochs == 2 and "epochs" not in choices and "min_steps" not in choices  # 20 steps, not raised
+    auto, choices = resolve_training("text", TextParams(batch_size=10, min_steps=50), {}, 100)
+    assert auto.schedule == "plateau" and auto.min_steps == 50 and auto.epochs == 100  # 10 steps an epoch
+    large, _ = resolve_training("text", TextParams(batch_size=10, min_steps=50), {}, 10_000)
+    assert large.min_steps == 50 and large.epochs == 100  # the ceiling: 100 epochs of 1,000 steps
+    tiny, choices = resolve_training("text", TextParams(batch_size=10, min_steps=50_000), {}, 20)
+    assert tiny.min_steps == 600 and "more than 300 epochs of 2 steps" in choices["min_steps"]["why"]
 
 
 def test_large_images_train_on_crops_at_their_own_resolution():
@@ -38,7 +39,7 @@ def test_large_images_train_on_crops_at_their_own_resolution():
     assert cfg.crop_size == AUTO_CROP and cfg.inference_tile is None
     assert cfg.crops_per_image == round(584 * 565 / AUTO_CROP**2) == cfg.epoch_repeats
     assert cfg.batch_size == 28 == choices["batch_size"]["value"]
-    assert cfg.epochs * (28 * cfg.crops_per_image // 28) >= 100
+    assert cfg.epochs == 6  # trained exactly: 6 epochs of 20 crops
     small, choices = resolve_training("segmenter", SegmenterParams(batch_size=32), {**SEG_META, "height": 48,
                                                                                    "width": 48}, 3500)
     assert small.crop_size is None and small.epoch_repeats == 1 and small.inference_tile is None
@@ -97,7 +98,7 @@ def test_photos_get_cutmix_a_stride_4_stem_and_a_longer_budget_and_digits_none_o
 
     photos, choices = resolve_training("classifier", ClassifierParams(), PHOTOS, 840)
     assert (photos.cutmix, photos.stem_pool, photos.min_steps) == (True, 4, MIN_STEPS * CUTMIX_STEPS)
-    assert photos.epochs * (840 // photos.batch_size) >= MIN_STEPS * CUTMIX_STEPS
+    assert photos.epochs * (840 // photos.batch_size) >= MIN_STEPS * CUTMIX_STEPS  # the ceiling
     assert "24x24" in choices["stem_pool"]["why"] and "CutMix" in choices["min_steps"]["why"]
     digits, choices = resolve_training("classifier", ClassifierParams(), DIGITS, 3500)
     assert (digits.cutmix, digits.stem_pool, digits.min_steps) == (False, 2, MIN_STEPS)
@@ -109,7 +110,7 @@ def test_a_set_value_is_kept_and_cutmix_off_keeps_the_short_budget():
     assert (cfg.cutmix, cfg.stem_pool, cfg.min_steps) == (False, 1, 480)
     assert "cutmix" not in choices and "stem_pool" not in choices
     cfg, _ = resolve_training("classifier", ClassifierParams(augment="photo", min_steps=100), DIGITS, 3500)
-    assert cfg.cutmix is True and cfg.min_steps == 100 and cfg.epochs == 9
+    assert cfg.cutmix is True and cfg.min_steps == 100 and cfg.epochs == 100
 
 
 def test_cutmix_pastes_a_box_from_the_next_sample_and_mixes_the_targets_by_its_area():

@@ -72,15 +72,15 @@ def test_the_check_names_each_difference_in_either_direction():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     del raw["classifier"]["lr"], raw["data"]["segmentation"]["image_size"]
     raw["classifier"]["lrr"] = 0.1
-    raw["segmenter"]["epochs"] = raw["segmenter"]["epochs"] + 1
+    raw["segmenter"]["min_steps"] = raw["segmenter"]["min_steps"] + 1
     raw["text"]["char_ngrams"] = [3, 4]
     raw["evaluate"]["tta"] = 1  # validates to True: a different value from the default false
-    default_lr, epochs = Params().classifier.lr, raw["segmenter"]["epochs"]
+    default_lr, steps = Params().classifier.lr, raw["segmenter"]["min_steps"]
     assert sorted(differences(raw)) == sorted([
         f"classifier.lr: in the schema (default {default_lr!r}) but not in params.yaml",
         "data.segmentation.image_size: in the schema (default 'auto') but not in params.yaml",
         "classifier.lrr: in params.yaml (0.1) but not in the schema",
-        f"segmenter.epochs: the schema's default is {epochs - 1}, params.yaml's value {epochs}",
+        f"segmenter.min_steps: the schema's default is {steps - 1}, params.yaml's value {steps}",
         "text.char_ngrams: the schema's default is [3, 5], params.yaml's value [3, 4]",
         "evaluate.tta: the schema's default is False, params.yaml's value 1",
     ])

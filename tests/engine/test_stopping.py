@@ -1,5 +1,6 @@
-"""The plateau schedule (what `epochs: auto` trains with): it stops when the validation metric stops improving, after a
-cooldown, within its bounds; keeps the best weights; resumes to the same bits; validates every few epochs."""
+"""The plateau schedule (what `epochs: auto` trains with): it stops when the validation metric stops improving by more
+than its noise, after a cooldown, within its bounds; keeps the last or the best weights; resumes to the same bits;
+validates every few epochs."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from trainlab.engine.loop import FitHooks, FitOptions, TrainingInterrupted, eval
 from trainlab.engine.optim import plateau_factor
 from trainlab.engine.stopping import COOLDOWN_FRACTION, Stopping
 
+PHOTOS = {"num_classes": 2, "channels": 3, "height": 96, "width": 96, "augment": "photo"}
+
 PLATEAU = TrainParams(epochs=60, schedule="plateau", patience=2, batch_size=16, lr=2e-2, warmup_epochs=0.5,
-                      weight_decay=0.01, min_steps=8)
+                      weight_decay=0.01, min_steps=8, keep="best")
 
 
 def weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -29,7 +32,8 @@ def test_the_plateau_schedule_stops_early_after_a_cooldown_and_keeps_the_best_we
     stop = result.stopping
     epochs = [int(r["epoch"]) for r in result.history]
     assert stop["stopped_epoch"] == epochs[-1] < PLATEAU.epochs  # stopped long before the ceiling of 60 epochs
-    assert "had not improved for 2 validations" in stop["why"] and "cooldown" in stop["why"]
+    assert "had not improved by more than its noise" in stop["why"] and "for 2 validations" in stop["why"]
+    assert "on 48 samples" in stop["why"] and "cooldown" in stop["why"]
     best_row = next(r for r in result.history if int(r["epoch"]) == stop["best_epoch"])
     assert stop["best_val_accuracy"] == best_row["val_accuracy"] == max(r["val_accuracy"] for r in result.history)
     # the model returned holds the best epoch's weights: validating it again gives that epoch's figure
@@ -56,8 +60,9 @@ def test_a_plateau_is_not_called_before_the_lower_bound_and_the_ceiling_forces_t
     model = torch.nn.Linear(2, 2)
     for epoch, value in enumerate([0.5, 0.4, 0.4, 0.4], start=1):
         stopping.observe({"epoch": epoch, "step": 10 * epoch, "val_accuracy": value}, model)
-    assert stopping.since_best == 3 and not stopping.plateaued(40, ceiling=1000)  # 40 steps < 50
-    assert stopping.plateaued(50, ceiling=1000) and not stopping.at_ceiling
+    # the cooldown (a fifth of the steps so far) may begin where the run would then end at the lower bound or later
+    assert stopping.since_best == 3 and not stopping.plateaued(40, ceiling=1000)  # 40 + 8 steps < 50
+    assert stopping.plateaued(41, ceiling=1000) and not stopping.at_ceiling  # 41 + 9 steps
     fresh = Stopping("accuracy", patience=100)
     assert fresh.plateaued(900, ceiling=1000) and fresh.at_ceiling  # 900 + 20% passes the ceiling
 
@@ -87,15 +92,34 @@ def test_validations_every_few_epochs_average_the_training_loss_over_the_window(
 
 
 def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_cadence_of_tens_of_validations():
-    photos = {"num_classes": 2, "channels": 3, "height": 96, "width": 96, "augment": "photo"}
-    cfg, choices = resolve_training("classifier", ClassifierParams(epochs="auto", batch_size=64), photos, 80)
-    # 80 photos: one step an epoch; CutMix's lower bound of 3,840 steps; about 20 validations in it
-    assert cfg.schedule == "plateau" and cfg.min_steps == 3840 and cfg.epochs == 38_400
-    assert cfg.validate_every == 192 and "about 20 validations" in choices["validate_every"]["why"]
+    cfg, choices = resolve_training("classifier", ClassifierParams(epochs="auto", batch_size=64), PHOTOS, 80)
+    # 80 photos: one step an epoch; CutMix's 3,840 steps would be 3,840 passes: the lower bound is 300 epochs, the
+    # ceiling 10x that; about 20 validations in the lower bound
+    assert cfg.schedule == "plateau" and cfg.min_steps == 300 and cfg.epochs == 3000
+    assert "more than 300 epochs" in choices["min_steps"]["why"]
+    assert cfg.validate_every == 15 and "about 20 validations" in choices["validate_every"]["why"]
     digits = {"num_classes": 10, "channels": 1, "height": 28, "width": 28}
-    cfg, choices = resolve_training("classifier", ClassifierParams(), digits, 3500)
-    assert cfg.schedule == "cosine" and cfg.epochs == 9 and cfg.validate_every == 54  # every epoch, as set
-    assert "validate_every" not in choices
+    cfg, choices = resolve_training("classifier", ClassifierParams(), digits, 3500)  # the default: epochs auto
+    assert cfg.schedule == "plateau" and cfg.min_steps == 480 and cfg.epochs == 100 and cfg.keep == "last"
+    assert cfg.validate_every == 54 and "validate_every" not in choices  # every epoch
+    cfg, choices = resolve_training("classifier", ClassifierParams(epochs=1, schedule="cosine"), PHOTOS, 80)
+    assert (cfg.epochs, cfg.schedule, cfg.validate_every) == (1, "cosine", 1) and "epochs" not in choices
+
+
+def test_an_improvement_within_the_validation_metrics_noise_does_not_count():
+    stopping = Stopping("accuracy", patience=2, val_count=100)
+    model = torch.nn.Linear(2, 2)
+    # noise at 0.80 on 100 samples: sqrt(0.8 * 0.2 / 100) = 0.04
+    assert stopping.noise(0.8) == pytest.approx(0.04) and stopping.noise(1.0) == 0.0 and stopping.noise(2.5) == 0.0
+    for epoch, value in enumerate([0.8, 0.83, 0.839, 0.85], start=1):
+        stopping.observe({"epoch": epoch, "step": 10 * epoch, "val_accuracy": value}, model)
+    assert stopping.best == 0.85 and stopping.best_epoch == 4 and stopping.since_best == 0  # 0.85 - 0.80 > 0.04
+    stopping.observe({"epoch": 5, "step": 50, "val_accuracy": 0.88}, model)  # within sqrt(.85 * .15 / 100) = 0.036
+    assert stopping.best == 0.85 and stopping.since_best == 1
+    stopping.begin_cooldown(50, steps_per_validation=10)
+    stopping.observe({"epoch": 6, "step": 60, "val_accuracy": 0.99}, model)  # the cooldown's gain
+    assert stopping.best == 0.99 and "its noise (0.0357 on 100 samples)" in stopping.record(6, 60)["why"]
+    assert Stopping("accuracy", patience=1).noise(0.8) == 0.0  # no count given: any improvement counts
 
 
 def test_keep_last_returns_the_cooled_down_weights_of_the_same_run():
@@ -107,3 +131,13 @@ def test_keep_last_returns_the_cooled_down_weights_of_the_same_run():
     trainable = dataclasses.replace(make_trainable(), model=last.model)
     again = scalars(evaluate(trainable, last.model, val, runtime()))
     assert again["accuracy"] == pytest.approx(last.history[-1]["val_accuracy"], abs=1e-6)  # the last row's weights
+
+
+def test_the_progress_bar_ends_at_the_earliest_step_training_could_stop_until_the_cooldown_fixes_it():
+    stopping = Stopping("accuracy", patience=3, lower_steps=100)
+    assert stopping.earliest_end(0, steps_per_validation=10, ceiling=1000) == 100  # the lower bound
+    stopping.observe({"epoch": 20, "step": 200, "val_accuracy": 0.5}, torch.nn.Linear(2, 2))
+    assert stopping.earliest_end(200, 10, 1000) == 230 + 46  # 3 validations of no progress, then a fifth more
+    assert stopping.earliest_end(200, 10, ceiling=250) == 250
+    stopping.begin_cooldown(300, steps_per_validation=10)
+    assert stopping.earliest_end(300, 10, 1000) == 360

@@ -104,7 +104,7 @@ def max_length(setting: Any, lengths: Sequence[int]) -> tuple[int, str | None]:
 
 # ---- training ------------------------------------------------------------------------------------------------------
 
-MIN_STEPS = 480  # classifier.min_steps auto: optimizer steps a small data set trains at least (the digits' 9 epochs)
+MIN_STEPS = 480  # classifier.min_steps auto: epochs auto's lower bound in optimizer steps (the digits' 9 epochs)
 CUTMIX_STEPS = 8  # ... times this with CutMix: mixed images train longer (torchvision's recipes: 600 epochs, not 90)
 STEM_POOL_4_SIDE = 64  # classifier.stem_pool auto: 4 from this side on (torchvision's ResNets stride their stem by 4)
 SMALL_STEM_POOL = 2  # ... and below it, or for a model built without data
@@ -209,27 +209,33 @@ def precise_bn(setting: Any, updates: int) -> bool:
     return updates < PRECISE_BN_BELOW_STEPS if setting == AUTO else bool(setting)
 
 
-# epochs auto: train until the primary validation metric stops improving (schedule plateau), at least min_steps
-# optimizer steps and at most CEILING_OVER_MIN times that, or CEILING_EPOCHS epochs where that is more
+# epochs auto: train until the primary validation metric stops improving (schedule plateau), at least the lower bound
+# (min_steps optimizer steps, but at most LOWER_EPOCHS passes over the data: a set of 80 photos learns nothing from
+# 3,840 passes that the plateau rule would not add while validation improves) and at most CEILING_OVER_MIN times
+# that, or CEILING_EPOCHS epochs where that is more
+LOWER_EPOCHS = 300
 CEILING_OVER_MIN = 10
 CEILING_EPOCHS = 100
 TARGET_VALIDATIONS = 20  # validate_every auto: about this many validations in a run's lower bound (at least 1 epoch)
 
 
 def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, Any], dict[str, Choice]]:
-    """epochs auto: the ceiling, trained with the plateau schedule from the lower bound (min_steps) on; and
-    validate_every auto: whole epochs, about TARGET_VALIDATIONS of them in the lower bound (epochs as set, or
-    min_steps)."""
+    """epochs auto: the lower bound (min_steps, at most LOWER_EPOCHS epochs) and the ceiling, trained with the plateau
+    schedule; validate_every auto: whole epochs, about TARGET_VALIDATIONS of them in the lower bound (or in the epochs
+    set). A number of epochs is trained exactly (min_steps does not apply)."""
     updates, choices = {}, {}
-    lower = cfg.min_steps or 0
     if cfg.epochs == AUTO:
+        lower = min(cfg.min_steps or per_epoch, LOWER_EPOCHS * per_epoch)
         ceiling = max(CEILING_OVER_MIN * lower, CEILING_EPOCHS * per_epoch)
         epochs = math.ceil(ceiling / per_epoch)
-        updates.update(epochs=epochs, schedule="plateau")
+        updates.update(epochs=epochs, schedule="plateau", min_steps=lower)
+        if lower < (cfg.min_steps or 0):
+            choices["min_steps"] = choice(lower, f"{name}.min_steps {cfg.min_steps:,} would be more than "
+                                          f"{LOWER_EPOCHS} epochs of {per_epoch:,} steps")
         choices["epochs"] = choice(f"auto, at most {epochs}", (
-            f"until val_<primary metric> has not improved for {cfg.patience} validations after {lower:,} steps, "
-            f"then a cooldown; at most {epochs:,} epochs of {per_epoch:,} steps"))
-    budget = lower if cfg.epochs == AUTO else cfg.epochs * per_epoch
+            f"until val_<primary metric> has not improved by more than its noise for {cfg.patience} validations, "
+            f"then a cooldown; at least {lower:,} steps, at most {epochs:,} epochs of {per_epoch:,} steps"))
+    budget = updates["min_steps"] if cfg.epochs == AUTO else cfg.epochs * per_epoch
     if cfg.validate_every == AUTO:
         every = max(1, round(budget / TARGET_VALIDATIONS / per_epoch)) * per_epoch
         updates["validate_every"] = every
@@ -241,28 +247,21 @@ def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, A
 
 def resolve_training(name: str, cfg: Any, meta: dict, train_count: int) -> tuple[Any, dict[str, Choice]]:
     """`cfg` with every auto of the task resolved for this data (resolve_model), the batch size no larger than the
-    training split, `min_steps` auto made a number, epochs auto a ceiling with the plateau schedule, and the
+    training split, `min_steps` auto made a number, epochs auto the plateau schedule within its bounds, and the
     validation cadence; and what changed, with why."""
     cfg, choices = resolve_model(name, cfg, meta)
     if cfg.min_steps == AUTO:
         mix = getattr(cfg, "cutmix", False) is True
         steps = MIN_STEPS * (CUTMIX_STEPS if mix else 1)
-        choices["min_steps"] = choice(steps, f"with CutMix, {CUTMIX_STEPS}x {MIN_STEPS}: mixed images train longer"
-                                      if mix else "no images mixed")
+        if cfg.epochs == AUTO:  # a number of epochs is trained exactly: min_steps is epochs auto's lower bound
+            choices["min_steps"] = choice(steps, f"with CutMix, {CUTMIX_STEPS}x {MIN_STEPS}: mixed images train "
+                                          "longer" if mix else "no images mixed")
         cfg = cfg.model_copy(update={"min_steps": steps})
     if cfg.batch_size > train_count:
         choices["batch_size"] = choice(train_count, f"{name}.batch_size {cfg.batch_size} is more than the "
                                        f"{train_count:,} training samples: one batch of all of them")
         cfg = cfg.model_copy(update={"batch_size": train_count})
-    per_epoch = updates_per_epoch(cfg, train_count)
-    if cfg.epochs != AUTO and cfg.min_steps and cfg.epochs * per_epoch < cfg.min_steps:
-        # a number of epochs is still raised to min_steps (a small data set's budget) until `epochs: auto` is the
-        # default; then a number written is trained exactly
-        epochs = math.ceil(cfg.min_steps / per_epoch)
-        choices["epochs"] = choice(epochs, f"{cfg.epochs} epochs of {per_epoch:,} steps are fewer than {name}."
-                                   f"min_steps ({cfg.min_steps:,}): {epochs} epochs, {epochs * per_epoch:,} steps")
-        cfg = cfg.model_copy(update={"epochs": epochs})
-    updates, more = epochs_and_cadence(name, cfg, per_epoch)
+    updates, more = epochs_and_cadence(name, cfg, updates_per_epoch(cfg, train_count))
     choices.update(more)
     return (cfg.model_copy(update=updates) if updates else cfg), choices
 

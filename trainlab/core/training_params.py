@@ -30,8 +30,8 @@ class TrainParams(Section):
     init: InitScheme = "default"
     epochs: Epochs = 10
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
-    # a budget that follows the data: epochs are raised until training takes at least this many optimizer steps, so a
-    # data set of 40 images gets as many updates as one of 4,000 (trainlab.core.auto; null: epochs as set)
+    # epochs auto's lower bound in optimizer steps (at most LOWER_EPOCHS epochs), so that a small data set is not
+    # stopped on noise (trainlab.core.auto; null: one epoch); a number of epochs is trained exactly
     min_steps: MinSteps = None
     batch_size: BatchSize = 128
     optimizer: Optimizer = "adamw"
@@ -41,10 +41,11 @@ class TrainParams(Section):
     # cosine (warmup, then cosine decay over the epochs) | constant | plateau (constant until the validation metric
     # has not improved for `patience` validations, then a linear cooldown; what epochs auto trains with)
     schedule: Literal["cosine", "constant", "plateau"] = "cosine"
-    # epochs auto (and schedule plateau): validations without a better primary validation metric before the cooldown
-    patience: int = Field(5, ge=1, le=1000)
+    # epochs auto (and schedule plateau): validations without a primary validation metric better than the best by
+    # more than its standard error on the validation split (trainlab.engine.stopping) before the cooldown
+    patience: int = Field(3, ge=1, le=1000)
     # schedule plateau: the weights kept, the best validation's or the last (after the cooldown)
-    keep: Literal["best", "last"] = "best"
+    keep: Literal["last", "best"] = "last"
     # optimizer steps between validations, rounded up to whole epochs; auto: every epoch, or every few epochs so that
     # the lower bound of a run (min_steps, or the epochs set) holds about 20 validations (trainlab.core.auto)
     validate_every: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
@@ -78,7 +79,7 @@ class TrainParams(Section):
 
 class ClassifierParams(TrainParams, *knobs(CLASSIFIER_ARCHS)):
     init: InitScheme = "kaiming"
-    epochs: Epochs = 9
+    epochs: Epochs = "auto"
     # auto: 480, and 8x that with CutMix (trainlab.core.auto: mixed images train longer)
     min_steps: MinSteps | Literal["auto"] = "auto"
     batch_size: BatchSize = 64
@@ -107,7 +108,7 @@ class ClassifierParams(TrainParams, *knobs(CLASSIFIER_ARCHS)):
 
 class SegmenterParams(TrainParams, *knobs(SEGMENTER_ARCHS)):
     init: InitScheme = "kaiming"
-    epochs: Epochs = 6
+    epochs: Epochs = "auto"
     min_steps: MinSteps = 600
     batch_size: BatchSize = 32
     lr: LearningRate = 0.006
@@ -132,6 +133,7 @@ class SegmenterParams(TrainParams, *knobs(SEGMENTER_ARCHS)):
 
 class TextParams(TrainParams, *knobs(TEXT_ARCHS)):
     init: InitScheme = "xavier"
+    epochs: Epochs = "auto"
     min_steps: MinSteps = 400
     optimizer: Optimizer = "sgd"  # with weight_decay as L2: the TF-IDF bag's logistic-regression objective
     lr: LearningRate = 3.0

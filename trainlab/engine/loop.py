@@ -20,7 +20,7 @@ from trainlab.core import auto, distributed
 from trainlab.core.config import BaseParams, TrainParams
 from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
 from trainlab.core.runtime import Runtime
-from trainlab.engine.batches import Batch, make_batches
+from trainlab.engine.batches import Batch, make_batches, num_samples
 from trainlab.engine.checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.contract import Trainable
 from trainlab.engine.evaluation import evaluate, scalars  # noqa: F401 - evaluate re-exported
@@ -140,10 +140,9 @@ class EpochPlan:
 
 def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int,
         options: FitOptions = FitOptions(), hooks: FitHooks = FitHooks()) -> FitResult:
-    """Train `trainable.model` on `train`, validating on `val` every `cfg.validate_every` steps (in whole epochs;
-    the plateau schedule stops once that stops improving); resume from a checkpoint of the same fingerprint. Under
-    torchrun the model is wrapped in DDP, each rank takes `batch_size / world_size` samples of every global batch,
-    and only rank 0 reports progress and writes checkpoints."""
+    """Train `trainable.model` on `train`, validating on `val` every `cfg.validate_every` steps (whole epochs; the
+    plateau schedule stops once that stops improving); resume from a checkpoint of the same fingerprint. Under torchrun
+    DDP: each rank takes `batch_size / world_size` of every batch; rank 0 reports progress and writes checkpoints."""
     ctx = distributed.context()
     if cfg.batch_size % ctx.world_size:
         raise ParamsError(f"{trainable.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
@@ -159,15 +158,15 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
         print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
     step = TrainStep(trainable, model, cfg, runtime, total_updates=plan.total_updates, seed=seed, forward=forward,
                      warmup_updates=round(cfg.warmup_epochs * plan.updates_per_epoch), graphs=graphs)
-    stopping = Stopping(trainable.primary_metric, cfg.patience, cfg.min_steps or 0, keep_best=cfg.keep == "best") \
-        if cfg.schedule == "plateau" else None
+    stopping = Stopping(trainable.primary_metric, cfg.patience, cfg.min_steps or 0, keep_best=cfg.keep == "best",
+                        val_count=num_samples(val)) if cfg.schedule == "plateau" else None
     state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}),
                      total_updates=plan.total_updates, stopping=stopping)
     resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
     saver = Checkpoints(options, trainable.name, model, step, state)
     precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
-    progress = Progress(state.total_updates, desc=f"train {trainable.name}", initial=step.updates,
-                        enabled=ctx.is_main)
+    ends = stopping.earliest_end(step.updates, every * plan.updates_per_epoch, plan.total_updates) if stopping else 0
+    progress = Progress(ends or state.total_updates, f"train {trainable.name}", step.updates, enabled=ctx.is_main)
     with _stop_on_signals(hooks.stop) as stop_flag, closing(progress):
         def should_stop() -> bool:
             return stop_flag.is_set() or (hooks.stop_after is not None and hooks.stop_after(step.updates))
@@ -237,7 +236,8 @@ def report_validation(trainable: Trainable, step: TrainStep, state: FitState, pl
             length = stopping.begin_cooldown(step.updates, every * plan.updates_per_epoch)
             state.total_updates = min(plan.total_updates, step.updates + length)
             step.schedule.cool_down(step.updates, state.total_updates - step.updates)
-            progress.set_total(state.total_updates)
+        progress.set_total(min(state.total_updates, stopping.earliest_end(step.updates, every * plan.updates_per_epoch,
+                                                                          plan.total_updates)))
     progress.write(epoch_line(trainable, row, epochs, stopping))
     if hooks.tracker is not None:
         hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
