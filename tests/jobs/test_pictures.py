@@ -94,3 +94,33 @@ def test_a_tweet_with_char_141_draws_with_no_warning(tmp_path):
     labels = [t.get_text() for ax in (pictures.ngram_bars(["a"], [[(tweet, 1.0)]]).axes[0],)
               for t in ax.get_yticklabels()]
     assert labels == [pictures.display_text(tweet)] and "\x8d" not in labels[0]
+
+
+def curve_info(stopping: bool) -> dict:
+    rows = [{"epoch": e, "step": 10 * e, "lr": 0.01 if e < 4 else 0.005 * (5 - e), "train_loss": 1.0 / e,
+             "val_loss": 1.2 / e, "val_accuracy": 0.5 + 0.1 * min(e, 3)} for e in range(1, 6)]
+    info = {"history": {"metric": "accuracy", "rows": rows}}
+    if stopping:
+        info["stopping"] = {"stopped_epoch": 5, "stopped_step": 50, "kept_epoch": 5, "best_epoch": 3, "best_step": 30,
+                            "best_val_accuracy": 0.8, "cooldown_step": 40}
+    return info
+
+
+def test_training_curves_mark_the_best_value_and_shade_the_cooldown(tmp_path):
+    fig = pictures.training_curves({"classifier": curve_info(True), "text": curve_info(False), "old": {}})
+    axes = fig.axes
+    assert len(axes) == 6  # three rows for each model with a history; the one without is left out
+    titles = [ax.get_title() for ax in axes if ax.get_title()]
+    assert titles == ["classifier: stopped at epoch 5 (step 50),\nkept the weights of epoch 5", "text: 5 epochs as set"]
+    star = [line for line in axes[0].get_lines() if line.get_marker() == "*"]
+    assert len(star) == 1 and list(star[0].get_xdata()) == [30] and list(star[0].get_ydata()) == [0.8]
+    shaded = [p for ax in axes for p in ax.patches]
+    assert len(shaded) == 3  # the classifier's cooldown in each of its rows; the fixed-length text model has none
+    assert shaded[0].get_x() == 40 and shaded[0].get_width() == 10
+    assert saved(fig, tmp_path / "t.png")[:8] == PNG_MAGIC
+
+
+def test_training_curves_without_any_history_say_why(tmp_path):
+    fig = pictures.training_curves({"classifier": {}, "text": {"history": {"metric": "accuracy", "rows": []}}})
+    assert "No training history" in fig.axes[0].texts[0].get_text()
+    assert saved(fig, tmp_path / "n.png")[:8] == PNG_MAGIC

@@ -85,6 +85,10 @@ def test_loss_falls_and_outputs_exist(trained, name):
     assert record["timing"]["samples_per_s"] > 0 and record["environment"]["python"]
     assert "samples_per_s" not in rows[0]  # history.csv holds what the same inputs reproduce bit for bit
     assert "run_id" not in info and "environment" not in info
+    curves = info["history"]  # what the evaluate stage's training curves draw: one row per validation
+    assert curves["metric"] == primary[5:]
+    assert [(r["step"], r[f"val_{primary[5:]}"]) for r in curves["rows"]] == \
+        [(float(r["step"]), float(r[f"val_{primary[5:]}"])) for r in rows]
     saved = load_saved_model(model_dir, name)
     assert saved.info["task"] == name
     assert not (trained / "checkpoints" / name / "last.pt").exists()  # removed after success

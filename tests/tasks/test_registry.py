@@ -87,7 +87,7 @@ def test_the_registry_loads_no_torch(tmp_path):
 
 def test_a_registered_fourth_task_trains_and_evaluates(toy_trainable, tmp_path, monkeypatch, repo_params):
     from trainlab.core.runtime import resolve_runtime
-    from trainlab.jobs.evaluate import run_evaluation
+    from trainlab.jobs.evaluate import output_files, run_evaluation
     from trainlab.jobs.train import train_task
 
     monkeypatch.chdir(tmp_path)
@@ -109,7 +109,9 @@ def test_a_registered_fourth_task_trains_and_evaluates(toy_trainable, tmp_path, 
     assert metrics["toy"]["accuracy"] == pytest.approx(outcome.test["accuracy"], abs=1e-6)
     assert set(metrics["toy"]["recall"]) == {"below", "above"}
     written = {p.name for p in (tmp_path / "evaluate").iterdir()}
-    assert written == {"metrics.json", "toy_confusion.csv", "toy_per_class.csv", "confusion_matrices.json"}
+    assert written == {"metrics.json", "toy_confusion.csv", "toy_per_class.csv", "confusion_matrices.json",
+                       "training_curves.png"}  # a fourth task's curves come with it, from its info.json
+    assert written == set(output_files(("toy",)))
 
 
 def test_compare_and_the_summary_read_the_primary_metric_from_the_registry(toy_trainable):

@@ -100,7 +100,8 @@ class Stopping:
                    f"then {self.cooldown[1]:,} steps of cooldown")
         return {"stopped_epoch": epochs, "stopped_step": steps, "kept_epoch": self.best_epoch if self.keep_best
                 else epochs, "best_epoch": self.best_epoch,
-                "best_step": self.best_step, f"best_val_{self.metric}": self.best, "why": why}
+                "best_step": self.best_step, f"best_val_{self.metric}": self.best,
+                "cooldown_step": self.cooldown[0] if self.cooldown else None, "why": why}
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_epoch": self.best_epoch, "best_step": self.best_step,

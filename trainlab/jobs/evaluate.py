@@ -21,6 +21,7 @@ from trainlab.tasks.scoring import TaskInputs, TaskReport
 # numbers (what `dvc exp show` compares); the per-class figures are plot data, one CSV per task.
 METRICS_FILE = "metrics.json"
 CONFUSION_MATRICES_FILE = "confusion_matrices.json"
+TRAINING_CURVES_FILE = "training_curves.png"  # every model's training curves (from its info.json)
 
 
 def per_class_file(name: str) -> str:
@@ -35,7 +36,7 @@ def output_files(tasks: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Every file the stage writes for these tasks (default: all registered)."""
     codes = {name: get(name).load() for name in (tasks or names())}
     return (METRICS_FILE, *(confusion_file(n) for n, c in codes.items() if c.confusion),
-            *(per_class_file(n) for n in codes), CONFUSION_MATRICES_FILE,
+            *(per_class_file(n) for n in codes), CONFUSION_MATRICES_FILE, TRAINING_CURVES_FILE,
             *(f for c in codes.values() for f in c.pictures.values()))
 
 
@@ -207,6 +208,7 @@ def run_evaluation(params: Params, data_root: str | Path, models_root: str | Pat
     is replaced whole only on success."""
     from trainlab.core.atomic import atomic_dir
     from trainlab.core.runtime import resolve_runtime
+    from trainlab.jobs import pictures as draw
 
     runtime = runtime or resolve_runtime(params.base)
     tasks = tasks or names()
@@ -215,6 +217,8 @@ def run_evaluation(params: Params, data_root: str | Path, models_root: str | Pat
     reports = {name: item.code.evaluate(item, runtime, params) for name, item in inputs.items()}
     with atomic_dir(out_dir) as staging:
         metrics = write_reports(staging, reports)
+        draw.save_figure(draw.training_curves({name: item.info for name, item in inputs.items()}),
+                         staging / TRAINING_CURVES_FILE)
         if params.tracking.enabled:
             log_evaluation(params, staging, metrics, inputs, runtime)
     return metrics

@@ -1,4 +1,5 @@
-"""Evaluation pictures as matplotlib figures (Agg): misclassified grid, segmentation masks, attention, feature maps."""
+"""Evaluation pictures as matplotlib figures (Agg): misclassified grid, segmentation masks, attention, feature maps,
+training curves."""
 
 from __future__ import annotations
 
@@ -195,6 +196,44 @@ def feature_map_grid(images: torch.Tensor, features: dict[str, torch.Tensor]) ->
             if k == 0:
                 ax.set_title("input" if name is None else f"{name}\nch {channel}", fontsize=7)
     fig.suptitle("Classifier feature maps (each map scaled to its own range)", fontsize=10)
+    return fig
+
+
+def training_curves(runs: dict[str, dict]) -> Figure:
+    """One column per model, over optimizer steps: its primary validation metric (the best value starred), the
+    training and validation loss, the learning rate; the plateau schedule's cooldown shaded. `runs`: a model's name ->
+    its info.json ("history": trainlab.jobs.train.curve_rows, "stopping": the plateau schedule's record, if any)."""
+    shown = {name: info for name, info in runs.items() if info.get("history", {}).get("rows")}
+    if not shown:
+        return message_figure("No training history in the models' info.json (trained by an older version): "
+                              "train again to see the curves")
+    fig = new_figure(4.2 * len(shown), 7.5)
+    axes = fig.subplots(3, len(shown), sharex="col", squeeze=False)
+    for column, (name, info) in enumerate(shown.items()):
+        rows, metric, stop = info["history"]["rows"], info["history"]["metric"], info.get("stopping") or {}
+        steps = [row["step"] for row in rows]
+        top, middle, bottom = axes[:, column]
+        top.plot(steps, [row.get(f"val_{metric}", np.nan) for row in rows], marker="o", markersize=3)
+        top.set_ylabel(f"validation {metric}")
+        if stop.get(f"best_val_{metric}") is not None:
+            top.plot([stop["best_step"]], [stop[f"best_val_{metric}"]], marker="*", markersize=12, linestyle="none",
+                     color="tab:orange", label=f"best {stop[f'best_val_{metric}']:.4f} (epoch {stop['best_epoch']})")
+            top.legend(fontsize=7, loc="lower right")
+        middle.plot(steps, [row.get("train_loss", np.nan) for row in rows], label="training")
+        middle.plot(steps, [row.get("val_loss", np.nan) for row in rows], label="validation")
+        middle.set_ylabel("loss")
+        middle.legend(fontsize=7)
+        bottom.plot(steps, [row.get("lr", np.nan) for row in rows], marker="o", markersize=3)
+        bottom.set_ylabel("learning rate")
+        bottom.set_xlabel("optimizer step")
+        if stop.get("cooldown_step") is not None:
+            for ax in axes[:, column]:
+                ax.axvspan(stop["cooldown_step"], stop["stopped_step"], color="tab:blue", alpha=0.1, linewidth=0)
+        top.set_title(f"{name}: " + (f"stopped at epoch {stop['stopped_epoch']} (step {stop['stopped_step']:,}),\n"
+                                     f"kept the weights of epoch {stop['kept_epoch']}"
+                                     if stop else f"{rows[-1]['epoch']:.0f} epochs as set"), fontsize=9)
+    fig.suptitle("Training curves (shaded: the cooldown after the validation plateau; one point per validation)",
+                 fontsize=10)
     return fig
 
 

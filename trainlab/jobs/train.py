@@ -101,6 +101,14 @@ def save_model(model: torch.nn.Module, model_dir: Path, extra_files: dict[str, P
             (tmp / name).write_bytes(Path(src).read_bytes())
 
 
+def curve_rows(history: list[dict[str, float]], metric: str) -> dict:
+    """What the evaluate stage's training curves draw (info.json "history"): per validation the epoch, optimizer step,
+    learning rate, both losses and the primary validation metric `metric`."""
+    keys = ("epoch", "step", "lr", "train_loss", "val_loss", f"val_{metric}")
+    return {"metric": metric, "rows": [{k: round(row[k], 6) if isinstance(row[k], float) else row[k]
+                                        for k in keys if k in row} for row in history]}
+
+
 def write_history(history: list[dict[str, float]], path: Path) -> None:
     """Per-epoch losses, metrics and learning rate as CSV (what `dvc plots` draws). Throughput columns are left
     out: the file is plot data in git and must be the same bytes for the same params and data."""
@@ -343,7 +351,8 @@ def write_outputs(job: TrainingJob, meta: dict, trained: Trained, tracker, test_
     info = {"task": name, "meta": meta, "auto": job.auto, "test": trained.test, "runtime": trained.runtime.describe(),
             **counts,
             "epochs": epochs, **({"chosen": trained.chosen} if trained.chosen else {}),
-            **({"stopping": result.stopping} if result.stopping else {})}
+            **({"stopping": result.stopping} if result.stopping else {}),
+            "history": curve_rows(result.history, trained.task.primary_metric)}
     save_model(result.model, job.model_dir, files, {"info.json": info, **extras.json})
     weights_md5 = model_md5(job.model_dir)
     tracker.set_tags({"model_md5": weights_md5})
