@@ -4,7 +4,7 @@
     python -m benchmarks.quality --only-sets cats_dogs,bbc_news      # some data sets
     python -m benchmarks.quality --quick                             # sliced data, few steps: the machinery only
     python -m benchmarks.quality --only-sets drive --slice 12 --max-steps 2 --keep-workspace
-    python -m benchmarks.quality --only-sets cats_dogs --seeds 42,43,44     # small sets: mean and spread of 3 seeds
+    python -m benchmarks.quality --only-sets cats_dogs --seeds 42,43,44     # the sets named: mean and spread of 3 seeds
     python -m benchmarks.quality --only-sets cats_dogs --set classifier.patience=5   # params.yaml with a change
 
 params.yaml as it is, with only the data source and its path set (as a user would), on every data set of
@@ -318,7 +318,7 @@ def run_child(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max
 
 def repeated(name: str, data_dir: Path, workdir: Path, slice_n: int | None, max_steps: int | None,
              changes: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    """A small data set once per seed (each seed draws its own split and initialisation): each test figure is the
+    """A data set once per seed (each seed draws its own split and initialisation): each test figure is the
     mean over the seeds, what the row is judged on; the judged figure of each seed and their spread beside it."""
     runs = [run_child(name, data_dir, workdir / f"seed{seed}", slice_n, max_steps, {**changes, "base.seed": seed})
             for seed in seeds]
@@ -449,9 +449,9 @@ def markdown(data: dict[str, Any]) -> str:
 
 def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_steps: int | None = None,
             quick: bool = False, keep: bool = False, changes: dict[str, Any] | None = None,
-            seeds: list[int] | None = None) -> dict[str, Any]:
-    """Every data set of `sets` in its own child process (a small one once per seed of `seeds`); the rows with their
-    verdicts, and which ones failed."""
+            seeds: list[int] | None = None, repeat: set[str] | None = None) -> dict[str, Any]:
+    """Every data set of `sets` in its own child process (once per seed of `seeds` those of `repeat`, by default the
+    small ones); the rows with their verdicts, and which ones failed."""
     changes = changes or {}
     kind = cpu_kind()
     if not data_dir.is_dir():
@@ -467,7 +467,7 @@ def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_ste
             else:
                 log(f"quality {name}: training the default {SETS[name].task} ({workspace / name})")
                 row = repeated(name, data_dir, workspace / name, slice_n, max_steps, changes, seeds) \
-                    if seeds and SETS[name].small else run_child(name, data_dir, workspace / name, slice_n,
+                    if seeds and (name in repeat if repeat is not None else SETS[name].small) else run_child(name, data_dir, workspace / name, slice_n,
                                                                  max_steps, changes)
             row = {"name": name, **row, "target": target_text(name, kind)}
             row["verdict"] = verdict(name, row, kind, quick)
@@ -496,13 +496,13 @@ def headline_figures(data: dict[str, Any]) -> dict[str, Any]:
 
 def run(quick: bool, data_dir: Path | None = None, sets: list[str] | None = None, slice_n: int | None = None,
         max_steps: int | None = None, keep: bool = False, changes: dict[str, Any] | None = None,
-        seeds: list[int] | None = None) -> PartResult:
+        seeds: list[int] | None = None, repeat: set[str] | None = None) -> PartResult:
     """The part: every data set (or `sets`); --quick slices them small and stops after a few steps. A FAILED row
     (missing data included) makes the part fail (data["failed"])."""
     t0 = time.perf_counter()
     if quick:
         slice_n, max_steps = slice_n or QUICK_SLICE, max_steps or QUICK_STEPS
-    data = measure(sets or list(SETS), data_folder(data_dir), slice_n, max_steps, quick, keep, changes, seeds)
+    data = measure(sets or list(SETS), data_folder(data_dir), slice_n, max_steps, quick, keep, changes, seeds, repeat)
     if data["failed"]:
         log(f"quality: FAILED: {', '.join(data['failed'])}")
     return PartResult("quality", data, markdown(data), headline_figures(data), time.perf_counter() - t0)
@@ -510,7 +510,7 @@ def run(quick: bool, data_dir: Path | None = None, sets: list[str] | None = None
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--only-sets", default=",".join(SETS), help=f"comma-separated: {', '.join(SETS)}")
+    parser.add_argument("--only-sets", default=None, help=f"comma-separated: {', '.join(SETS)} (default: all)")
     parser.add_argument("--data", type=Path, default=None,
                         help=f"the quality data folder (default: ${DATA_ENV}, else {QUALITY_DATA})")
     parser.add_argument("--quick", action="store_true", help=f"a development run: --slice {QUICK_SLICE} "
@@ -526,12 +526,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="a change to params.yaml for every row (a dotted key; the value read as YAML), e.g. "
                         "classifier.patience=5; repeatable")
     parser.add_argument("--seeds", default=None, metavar="S1,S2,...", help="train each small data set (cats_dogs, "
-                        "drive, crackforest, bbc_news) once per seed, each with its own split: judged on the mean")
+                        "drive, crackforest, bbc_news), or each set --only-sets names, once per seed, each with its "
+                        "own split: judged on the mean")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where quality.json is written")
     parser.add_argument("--one", choices=list(SETS), help=argparse.SUPPRESS)  # the child: one data set
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.sets = [s.strip() for s in args.only_sets.split(",") if s.strip()]
+    args.sets = [s.strip() for s in args.only_sets.split(",") if s.strip()] if args.only_sets else list(SETS)
+    args.repeat = set(args.sets) if args.only_sets else None  # --seeds: the sets named, else the small ones
     unknown = [s for s in args.sets if s not in SETS]
     if unknown:
         parser.error(f"--only-sets: unknown data set(s) {', '.join(unknown)}; choose from {', '.join(SETS)}")
@@ -558,7 +560,7 @@ def main(argv: list[str]) -> int:
     if args.one:
         return child_main(args)
     part = run(args.quick, args.data, args.sets, args.slice, args.max_steps, args.keep_workspace, args.changes,
-               args.seeds)
+               args.seeds, args.repeat)
     write_json(args.out / "quality.json", part.data)
     print(part.markdown)
     log(f"quality: wrote {args.out / 'quality.json'} ({part.seconds:.0f} s)")

@@ -137,3 +137,20 @@ def test_a_small_set_over_seeds_is_judged_on_the_mean_and_a_params_change_reache
     assert row["spread"] == pytest.approx(max(row["seeds"].values()) - min(row["seeds"].values()))
     assert "for 7 validations" in str(row["resolved"]["epochs"])  # the patience reached the child's params
     assert "mean of seeds" in proc.stdout and "classifier.patience: 7" in proc.stdout
+
+
+def test_seeds_repeat_the_sets_named_and_by_default_the_small_ones():
+    from benchmarks.quality import SETS, parse_args
+
+    assert parse_args(["--seeds", "1,2"]).repeat is None  # every set: the small ones repeated (SETS[...].small)
+    assert parse_args(["--only-sets", "reuters_r8,embedded_text", "--seeds", "1,2"]).repeat == {"reuters_r8",
+                                                                                               "embedded_text"}
+    assert parse_args([]).sets == list(SETS)
+
+
+def test_a_named_set_that_is_not_small_is_repeated_over_seeds_too(tmp_path):
+    proc = run_quality("--only-sets", "embedded_text", "--quick", "--seeds", "1,2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads((tmp_path / "quality.json").read_text())["rows"][0]
+    assert list(row["seeds"]) == ["1", "2"] and "baseline_accuracy" in row
+    assert row["test"]["accuracy"] == pytest.approx(sum(row["seeds"].values()) / 2)
