@@ -466,9 +466,9 @@ def measure(sets: list[str], data_dir: Path, slice_n: int | None = None, max_ste
                 row = {"error": why}
             else:
                 log(f"quality {name}: training the default {SETS[name].task} ({workspace / name})")
-                row = repeated(name, data_dir, workspace / name, slice_n, max_steps, changes, seeds) \
-                    if seeds and (name in repeat if repeat is not None else SETS[name].small) else run_child(name, data_dir, workspace / name, slice_n,
-                                                                 max_steps, changes)
+                repeats = seeds and (name in repeat if repeat is not None else SETS[name].small)
+                row = repeated(name, data_dir, workspace / name, slice_n, max_steps, changes, seeds) if repeats \
+                    else run_child(name, data_dir, workspace / name, slice_n, max_steps, changes)
             row = {"name": name, **row, "target": target_text(name, kind)}
             row["verdict"] = verdict(name, row, kind, quick)
             log(f"quality {name}: {row['verdict']}" if "error" in row else
