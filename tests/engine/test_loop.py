@@ -218,7 +218,7 @@ def test_a_checkpoint_resumed_on_another_device_restores_the_rng_from_the_cpu(tm
     restore them only from there). 'meta' stands in for a non-CPU device here: loading the whole checkpoint onto
     it, as the engine once did with map_location=device, leaves set_rng_state nothing it can read."""
     from trainlab.engine.checkpoint import set_rng_state
-    from trainlab.engine.loop import resume_state
+    from trainlab.engine.resume import resume_state
 
     ckpt = tmp_path / "last.pt"
     with pytest.raises(TrainingInterrupted):

@@ -91,6 +91,48 @@ def test_validations_every_few_epochs_average_the_training_loss_over_the_window(
     assert [int(r["step"]) for r in result.history] == [8, 16, 24]
 
 
+class Sink:
+    def __init__(self):
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+
+def test_a_cadence_shorter_than_an_epoch_validates_within_it_by_optimizer_steps_and_at_the_end():
+    train, val = tiny_data(64), tiny_data(32, seed=1)
+    cfg = TrainParams(epochs=3, batch_size=16, lr=2e-2, validate_every=5, schedule="constant")  # 4 steps an epoch
+    sink = Sink()
+    result = fit(make_trainable(), train, val, cfg, runtime(), seed=0, hooks=FitHooks(tracker=sink))
+    assert [(int(r["epoch"]), int(r["step"])) for r in result.history] == [(2, 5), (3, 10), (3, 12)]
+    # MLflow's step axis is the history's optimizer step; the epoch goes along as a metric
+    assert [step for step, _ in sink.calls] == [5, 10, 12]
+    assert [m["epoch"] for _, m in sink.calls] == [2, 3, 3] and all("step" not in m for _, m in sink.calls)
+    # each row's training loss is the mean over its own window: a fresh run over the first 5 steps agrees
+    first = fit(make_trainable(), train, val, cfg.model_copy(update={"max_steps": 5}), runtime(), seed=0)
+    assert first.history[0]["train_loss"] == pytest.approx(result.history[0]["train_loss"], rel=1e-6)
+
+
+def test_a_run_stopped_between_validations_within_an_epoch_resumes_to_the_same_history_and_bits(tmp_path):
+    train, val = tiny_data(96), tiny_data(48, seed=1)
+    cfg = PLATEAU.model_copy(update={"validate_every": 4, "epochs": 12})  # 6 steps an epoch: 2 of 3 mid-epoch
+    whole = fit(make_trainable(), train, val, cfg, runtime(), seed=0)
+    assert any(int(r["step"]) % 6 for r in whole.history) and whole.stopping["stopped_step"] < 72
+    ckpt = tmp_path / "last.pt"
+    with pytest.raises(TrainingInterrupted):
+        fit(make_trainable(), train, val, cfg, runtime(), seed=0, options=FitOptions(checkpoint_path=ckpt,
+            fingerprint="a"), hooks=FitHooks(stop_after=lambda done: done == 11))
+    resumed = fit(make_trainable(), train, val, cfg, runtime(), seed=0,
+                  options=FitOptions(checkpoint_path=ckpt, fingerprint="a"))
+
+    def timeless(history):
+        return [{k: v for k, v in row.items() if k != "samples_per_s"} for row in history]
+
+    assert resumed.resumed_from_step == 11 and timeless(resumed.history) == timeless(whole.history)
+    assert resumed.stopping == whole.stopping
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed.model), weights(whole.model)))
+
+
 def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_cadence_of_tens_of_validations():
     cfg, choices = resolve_training("classifier", ClassifierParams(epochs="auto", batch_size=64), PHOTOS, 80)
     # 80 photos: one step an epoch; CutMix's 3,840 steps would be 3,840 passes: the lower bound is 300 epochs, the

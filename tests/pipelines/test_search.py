@@ -219,7 +219,9 @@ def test_a_pruned_trial_stops_at_once_exit_9_recorded_pruned_nothing_cached_not_
     assert trial_run.info.status == "KILLED" and trial_run.data.tags["optuna_trial_state"] == "PRUNED"
     (training,) = children(client, trial_run)
     assert training.data.tags["optuna_trial_state"] == "PRUNED" and training.data.tags["pruned_at_epoch"] == "1"
-    assert [m.step for m in client.get_metric_history(training.info.run_id, "val_loss")] == [1]
+    (val_loss,) = client.get_metric_history(training.info.run_id, "val_loss")
+    assert [(m.step, m.value) for m in client.get_metric_history(training.info.run_id, "epoch")] == \
+        [(val_loss.step, 1.0)]  # one validation, at the end of epoch 1 (MLflow's step: the optimizer step)
 
     # DVC: no experiment and no run-cache entry for it (the stage failed, so nothing was committed)
     assert "pruned-000" not in experiments(tiny_env)

@@ -29,7 +29,7 @@ from tests.reliability.factories import (
 pytestmark = [pytest.mark.reliability, pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS = 3
-EPOCH_KEYS = ("step", "train_loss", "lr", "val_loss", "val_accuracy", "val_macro_f1")
+EPOCH_KEYS = ("epoch", "train_loss", "lr", "val_loss", "val_accuracy", "val_macro_f1")
 
 
 @pytest.fixture
@@ -110,8 +110,13 @@ def the_run(uri: str):
 def assert_complete(client, run, epochs: int = EPOCHS) -> None:
     """Every epoch's metrics once per step, the final metrics, the artifacts, one model, one registered version."""
     assert run.info.status == "FINISHED"
+    # one validation an epoch, at MLflow steps that are the optimizer steps of the epochs' ends
+    epoch_rows = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch")]
+    assert [value for _, value in epoch_rows] == list(range(1, epochs + 1))
+    steps = [step for step, _ in epoch_rows]
+    assert steps == [steps[0] * e for e in range(1, epochs + 1)] and steps[0] > 1
     for key in EPOCH_KEYS:
-        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(range(1, epochs + 1)), key
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == steps, key
     assert {"test_accuracy", "test_loss", "params_total", "stage_time_s"} <= set(run.data.metrics)
     assert run.data.params["classifier.epochs"] == str(epochs) and "params_total" in run.data.params
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

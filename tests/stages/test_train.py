@@ -147,7 +147,11 @@ def test_mlflow_run_params_metrics_and_registered_model(trained, name):
                                                        ("test", "test"))}
     assert run.data.params[f"{name}.epochs"] == "2"
     assert "test_accuracy" in run.data.metrics or "test_mean_iou" in run.data.metrics
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
+    with open(trained / "reports" / name / "history.csv", newline="") as f:  # MLflow's steps: the history's
+        rows = [(int(float(r["step"])), float(r["epoch"])) for r in csv.DictReader(f)]
+    assert [r[1] for r in rows] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [r[0] for r in rows]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch")] == rows
     versions = client.search_model_versions(f"name='trainlab-{name}'")
     assert any(v.run_id == run.info.run_id for v in versions)
 

@@ -320,7 +320,7 @@ def backend(setting: str, device_type: str) -> str:
     return setting if setting != AUTO else ("nccl" if device_type == "cuda" else "gloo")
 
 
-def validation_epochs(setting: Any, per_epoch: int) -> int:
-    """validate_every as whole epochs: auto (unresolved: a loop run without resolve_training) every epoch; a number
-    of optimizer steps rounded up to whole epochs."""
-    return 1 if setting == AUTO else max(1, -(-int(setting) // per_epoch))
+def validation_steps(setting: Any, per_epoch: int) -> int:
+    """validate_every in optimizer steps: auto (unresolved: a loop run without resolve_training) every epoch; a number
+    as written, within an epoch too."""
+    return per_epoch if setting == AUTO else int(setting)

@@ -46,8 +46,9 @@ class TrainParams(Section):
     patience: int = Field(3, ge=1, le=1000)
     # schedule plateau: the weights kept, the best validation's or the last (after the cooldown)
     keep: Literal["last", "best"] = "last"
-    # optimizer steps between validations, rounded up to whole epochs; auto: every epoch, or every few epochs so that
-    # the lower bound of a run (min_steps, or the epochs set) holds about 20 validations (trainlab.core.auto)
+    # optimizer steps between validations (a number is honoured, within an epoch too); auto: every epoch, or every few
+    # epochs so that the lower bound of a run (min_steps, or the epochs set) holds about 20 validations
+    # (trainlab.core.auto)
     validate_every: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     grad_clip: float | None = Field(1.0, gt=0)
     accumulation_steps: int = Field(1, ge=1, le=1024)

@@ -18,14 +18,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.core import auto, distributed
 from trainlab.core.config import BaseParams, TrainParams
-from trainlab.core.errors import CheckpointError, ParamsError, TrainingDiverged, UserError
+from trainlab.core.errors import ParamsError, UserError
 from trainlab.core.runtime import Runtime
 from trainlab.engine.batches import Batch, make_batches, num_samples
-from trainlab.engine.checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.contract import Trainable
 from trainlab.engine.evaluation import evaluate, scalars  # noqa: F401 - evaluate re-exported
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
+from trainlab.engine.resume import Checkpoints, raise_if_diverged, resume
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.stopping import Stopping
 from trainlab.engine.trail import Trail
@@ -119,7 +119,7 @@ class FitState:
     trail: Trail | None = None
     total_updates: int = 0  # where training ends: the plan's, or the end of the plateau schedule's cooldown
     stopping: Stopping | None = None  # the plateau schedule's watch of the validation metric
-    window: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds and samples since the last validation
+    window_s: float = 0.0  # seconds trained since the last validation
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,10 @@ class EpochPlan:
 
 def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtime: Runtime, seed: int,
         options: FitOptions = FitOptions(), hooks: FitHooks = FitHooks()) -> FitResult:
-    """Train `trainable.model` on `train`, validating on `val` every `cfg.validate_every` steps (whole epochs; the
-    plateau schedule stops once that stops improving); resume from a checkpoint of the same fingerprint. Under torchrun
-    DDP: each rank takes `batch_size / world_size` of every batch; rank 0 reports progress and writes checkpoints."""
+    """Train `trainable.model` on `train`, validating on `val` every `cfg.validate_every` optimizer steps (within an
+    epoch too) and when training ends (the plateau schedule stops once that stops improving); resume from a checkpoint
+    of the same fingerprint. Under torchrun DDP: each rank takes `batch_size / world_size` of every batch; rank 0
+    reports progress and writes checkpoints."""
     ctx = distributed.context()
     if cfg.batch_size % ctx.world_size:
         raise ParamsError(f"{trainable.name}.batch_size ({cfg.batch_size}) must be divisible by the number of "
@@ -152,7 +153,7 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
                            drop_last=True, max_device_mb=options.max_device_mb, num_workers=options.num_workers,
                            rank=ctx.rank, world_size=ctx.world_size, repeats=cfg.epoch_repeats)
     plan = EpochPlan.of(cfg, len(batches))
-    every = auto.validation_epochs(cfg.validate_every, plan.updates_per_epoch)
+    every = auto.validation_steps(cfg.validate_every, plan.updates_per_epoch)
     graphs, why_not = graphs_plan(options.cuda_graphs, runtime, cfg, distributed=ctx.enabled)
     if why_not and ctx.is_main:
         print(f"{trainable.name}: CUDA graphs off ({why_not}); the training step runs eagerly", flush=True)
@@ -165,30 +166,33 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
     resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
     saver = Checkpoints(options, trainable.name, model, step, state)
     precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
-    ends = stopping.earliest_end(step.updates, every * plan.updates_per_epoch, plan.total_updates) if stopping else 0
+    ends = stopping.earliest_end(step.updates, every, plan.total_updates) if stopping else 0
     progress = Progress(ends or state.total_updates, f"train {trainable.name}", step.updates, enabled=ctx.is_main)
     with _stop_on_signals(hooks.stop) as stop_flag, closing(progress):
         def should_stop() -> bool:
             return stop_flag.is_set() or (hooks.stop_after is not None and hooks.stop_after(step.updates))
 
+        def validate_now() -> None:
+            raise_if_diverged(step.first_bad, trainable.name, saver.path)
+            validate(trainable, step, batches, val, runtime, options, state, precise_bn)
+            report_validation(trainable, step, state, plan, every, progress, hooks, cfg.epochs)
+
         while state.epoch < cfg.epochs and step.updates < state.total_updates:
-            seconds, samples = train_one_epoch(step, batches, state, plan, progress, should_stop, saver, every)
-            _raise_if_diverged(step.first_bad, trainable.name, saver.path)
-            state.train_time += seconds
-            state.window = [state.window[0] + seconds, state.window[1] + samples]
-            last = state.epoch + 1 >= cfg.epochs or step.updates >= state.total_updates
-            if (state.epoch + 1) % every == 0 or last:
-                validate(trainable, step, batches, val, runtime, options, state, precise_bn)
-                report_validation(trainable, step, state, plan, every, progress, hooks, cfg.epochs)
+            started = state.epoch * plan.updates_per_epoch  # the optimizer steps before this epoch
+            train_one_epoch(step, batches, state, plan, progress, should_stop, saver, every, validate_now)
+            raise_if_diverged(step.first_bad, trainable.name, saver.path)
+            if state.epoch + 1 >= cfg.epochs and last_validated(state) < step.updates:
+                validate_now()  # the last epoch ends with a validation, wherever the cadence falls
             state.trail.epoch_end(state.epoch + 1)
             state.epoch, state.step_in_epoch = state.epoch + 1, 0
-            saved = state.epoch % every == 0 or step.updates >= state.total_updates or state.epoch >= cfg.epochs
+            # a checkpoint at the end of an epoch that validated (not every epoch of a small set) and at the end
+            saved = last_validated(state) > started or step.updates >= state.total_updates or state.epoch >= cfg.epochs
             if saved:
-                saver.save(state.train_time)
+                saver.save()
             if hooks.stop_after_epochs and state.epoch >= hooks.stop_after_epochs and state.epoch < cfg.epochs \
                     and step.updates < state.total_updates:
                 if not saved:
-                    saver.save(state.train_time)
+                    saver.save()
                 raise TrainingInterrupted(f"{trainable.name}: stopped after epoch {state.epoch} as asked; checkpoint "
                                           f"saved to {saver.path}")
 
@@ -212,17 +216,24 @@ def fit_result(model: nn.Module, step: TrainStep, state: FitState, cfg: TrainPar
 def validate(trainable: Trainable, step: TrainStep, batches, val: Batch, runtime: Runtime, options: FitOptions,
              state: FitState, precise_bn: bool) -> None:
     """Validate the weights to keep and append the history row: the training loss and throughput since the last
-    validation, the LR, the validation loss and metrics."""
+    validation (then counted anew), the LR, the validation loss and metrics."""
     if precise_bn:
         settle_batchnorm(trainable, step.eval_model, batches, state.epoch, runtime)
     val_metrics = scalars(evaluate(trainable, step.eval_model, val, runtime, options.eval_batch_size,
                                    options.max_device_mb))
-    seconds, samples = state.window
-    state.history.append({"epoch": state.epoch + 1, "step": step.updates, "train_loss": mean_train_loss(step),
+    loss, samples = window_train_loss(step)
+    state.history.append({"epoch": state.epoch + 1, "step": step.updates, "train_loss": loss,
                           "lr": step.schedule.lr_at(step.updates),
-                          "samples_per_s": samples * distributed.context().world_size / max(seconds, 1e-9),
+                          "samples_per_s": samples / max(state.window_s, 1e-9),
                           **{f"val_{k}": v for k, v in val_metrics.items()}})
-    state.window = [0.0, 0.0]
+    state.window_s = 0.0
+    step.loss_sum.zero_()
+    step.seen.zero_()
+
+
+def last_validated(state: FitState) -> int:
+    """The optimizer step of the last validation (-1: none yet)."""
+    return int(state.history[-1]["step"]) if state.history else -1
 
 
 def report_validation(trainable: Trainable, step: TrainStep, state: FitState, plan: EpochPlan, every: int,
@@ -233,14 +244,13 @@ def report_validation(trainable: Trainable, step: TrainStep, state: FitState, pl
     if stopping is not None:
         stopping.observe(row, step.eval_model)
         if stopping.plateaued(step.updates, plan.total_updates) and step.updates < state.total_updates:
-            length = stopping.begin_cooldown(step.updates, every * plan.updates_per_epoch)
+            length = stopping.begin_cooldown(step.updates, every)
             state.total_updates = min(plan.total_updates, step.updates + length)
             step.schedule.cool_down(step.updates, state.total_updates - step.updates)
-        progress.set_total(min(state.total_updates, stopping.earliest_end(step.updates, every * plan.updates_per_epoch,
-                                                                          plan.total_updates)))
-    progress.write(epoch_line(trainable, row, epochs, stopping))
-    if hooks.tracker is not None:
-        hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=state.epoch + 1)
+        progress.set_total(min(state.total_updates, stopping.earliest_end(step.updates, every, plan.total_updates)))
+    progress.write(epoch_line(trainable, row, epochs, stopping, mid_epoch=step.updates % plan.updates_per_epoch != 0))
+    if hooks.tracker is not None:  # MLflow's step axis is the history's: optimizer steps (the epoch a metric)
+        hooks.tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=step.updates)
 
 
 def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) -> tuple[nn.Module, nn.Module]:
@@ -259,18 +269,19 @@ def place_model(trainable: Trainable, runtime: Runtime, sync_batchnorm: bool) ->
 
 
 def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, progress: Progress,
-                    should_stop: Callable[[], bool], saver: Checkpoints, every: int = 1) -> tuple[float, int]:
-    """The optimizer steps of one epoch, from where a resumed epoch stopped; its seconds and this rank's samples.
-    The running training loss starts anew with each validation window (`every` epochs)."""
+                    should_stop: Callable[[], bool], saver: Checkpoints, every: int,
+                    validate_now: Callable[[], None]) -> None:
+    """The optimizer steps of one epoch, from where a resumed epoch stopped, with a validation after every `every`-th
+    step and after the last step of training. Training time (validations not counted) goes to `state`."""
     step.model.train()
-    t0 = time.perf_counter()
-    window_start = state.step_in_epoch == 0 and state.epoch % every == 0
-    samples_at_start = 0 if window_start else int(step.seen)
+    t0 = lap = time.perf_counter()
     first_step = state.step_in_epoch
-    if window_start:
-        step.loss_sum.zero_()
-        step.seen.zero_()
-    every = step.cfg.checkpoint_every_steps
+
+    def clock() -> None:  # the seconds trained since the last look, into train_time and the validation window
+        nonlocal lap
+        now = time.perf_counter()
+        state.train_time, state.window_s, lap = state.train_time + now - lap, state.window_s + now - lap, now
+
     for index, batch in enumerate(batches.epoch(state.epoch, state.step_in_epoch), start=state.step_in_epoch):
         if index >= plan.steps_per_epoch:
             break
@@ -279,25 +290,31 @@ def train_one_epoch(step: TrainStep, batches, state: FitState, plan: EpochPlan, 
         if not updated:
             continue
         state.trail.after_update()
-        since = time.perf_counter() - t0
-        progress.step(step.updates, (state.step_in_epoch - first_step) * step.cfg.batch_size / max(since, 1e-9),
-                      lambda: float(step.loss_sum / step.seen.clamp(min=1)))
+        progress.step(step.updates, (state.step_in_epoch - first_step) * step.cfg.batch_size /
+                      max(time.perf_counter() - t0, 1e-9), lambda: float(step.loss_sum / step.seen.clamp(min=1)))
+        if step.updates % every == 0 or step.updates >= state.total_updates:
+            clock()
+            validate_now()
+            lap = time.perf_counter()
+            step.model.train()
         if step.updates >= state.total_updates:
             break
         if should_stop():
-            saver.save(state.train_time + since)
+            clock()
+            saver.save()
             raise TrainingInterrupted(
                 f"{step.trainable.name}: stopped at optimizer step {step.updates}; checkpoint saved to "
                 f"{saver.path}. Run the same command (or `dvc repro`) again to resume.")
-        if every and step.updates % every == 0:
-            saver.save(state.train_time + since)
-    return time.perf_counter() - t0, int(step.seen) - samples_at_start
+        if step.cfg.checkpoint_every_steps and step.updates % step.cfg.checkpoint_every_steps == 0:
+            clock()
+            saver.save()
+    clock()
 
 
-def mean_train_loss(step: TrainStep) -> float:
-    """The epoch's mean training loss over every rank (one sync)."""
+def window_train_loss(step: TrainStep) -> tuple[float, int]:
+    """The mean training loss and the samples trained since the last validation, over every rank (one sync)."""
     totals = distributed.all_reduce_sum(torch.stack([step.loss_sum, step.seen.float()]))
-    return float(totals[0] / totals[1].clamp(min=1))
+    return float(totals[0] / totals[1].clamp(min=1)), int(totals[1])
 
 
 def settle_batchnorm(trainable: Trainable, model: nn.Module, batches, epoch: int, runtime: Runtime) -> None:
@@ -308,93 +325,13 @@ def settle_batchnorm(trainable: Trainable, model: nn.Module, batches, epoch: int
     recompute_batchnorm(model, inputs, runtime)
 
 
-def epoch_line(trainable: Trainable, row: dict[str, float], epochs: int, stopping: Stopping | None = None) -> str:
+def epoch_line(trainable: Trainable, row: dict[str, float], epochs: int, stopping: Stopping | None = None,
+               mid_epoch: bool = False) -> str:
+    """The log line of one validation (with its optimizer step when it falls within an epoch)."""
     metric = trainable.primary_metric
-    of = f"{row['epoch']}/{epochs}" if stopping is None else (
-        f"{row['epoch']} (best {stopping.best_epoch}" + (", cooling down)" if stopping.cooldown else ")"))
+    at = f" step {row['step']:,}" if mid_epoch else ""
+    of = f"{row['epoch']}/{epochs}{at}" if stopping is None else (
+        f"{row['epoch']}{at} (best {stopping.best_epoch}" + (", cooling down)" if stopping.cooldown else ")"))
     return (f"{trainable.name} epoch {of}: train_loss {row['train_loss']:.4f} "
             f"val_loss {row['val_loss']:.4f} val_{metric} {row.get(f'val_{metric}', float('nan')):.4f} "
             f"{row['samples_per_s']:,.0f} samples/s")
-
-
-class Checkpoints:
-    """Saves the full training state to `options.checkpoint_path` (rank 0 writes, the others wait); nothing without
-    a path. A diverged step is refused before anything is written, so the last checkpoint stays a good one."""
-
-    def __init__(self, options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState):
-        self.path = Path(options.checkpoint_path) if options.checkpoint_path else None
-        self.fingerprint, self.name, self.model, self.step, self.state = options.fingerprint, name, model, step, state
-
-    def save(self, elapsed: float) -> None:
-        if self.path is None:
-            return
-        _raise_if_diverged(self.step.first_bad, self.name, self.path)
-        if distributed.context().is_main:
-            save_checkpoint(self.path, {
-                "fingerprint": self.fingerprint, "model": self.model.state_dict(), "step": self.step.state_dict(),
-                "epoch": self.state.epoch, "step_in_epoch": self.state.step_in_epoch, "update": self.step.updates,
-                "history": self.state.history, "train_time": elapsed, "rng": rng_state(),
-                "total_updates": self.state.total_updates, "window": list(self.state.window),
-                "stopping": self.state.stopping.state_dict() if self.state.stopping is not None else None,
-                "trail": self.state.trail.state_dict() if self.state.trail is not None else None})
-        distributed.barrier()
-
-
-def resume(options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState,
-           device: torch.device) -> int:
-    """Load the checkpoint at `options.checkpoint_path` into model, step and state when its fingerprint matches;
-    the optimizer step it resumed from (0: none)."""
-    ckpt = Path(options.checkpoint_path) if options.checkpoint_path else None
-    saved = resume_state(ckpt, device)
-    if saved is None:
-        return 0
-    if saved.get("fingerprint") != options.fingerprint:
-        print(f"{name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
-        return 0
-    # same params and data, but the model code may have changed since: a clear error, not a traceback
-    load_model_state(model, saved.get("model") or {}, str(ckpt))
-    try:
-        step.load_state_dict(saved["step"])
-        state.epoch, state.step_in_epoch = saved["epoch"], saved["step_in_epoch"]
-        state.history, state.train_time = list(saved["history"]), saved["train_time"]
-        if state.trail is not None:
-            state.trail.load_state_dict(saved.get("trail"))
-        state.total_updates = saved.get("total_updates", state.total_updates)
-        state.window = list(saved.get("window", state.window))
-        if state.stopping is not None and saved.get("stopping"):
-            state.stopping.load_state_dict(saved["stopping"], device)
-            if state.stopping.cooldown is not None:
-                step.schedule.cool_down(*state.stopping.cooldown)
-        set_rng_state(saved["rng"])
-    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{ckpt}: cannot resume from this checkpoint ({type(exc).__name__}: {exc}); "
-                              "delete it to train from the start") from None
-    print(f"{name}: resuming from {ckpt} at epoch {state.epoch + 1}, optimizer step {step.updates}", flush=True)
-    return step.updates
-
-
-def resume_state(ckpt: Path | None, device: torch.device) -> dict | None:
-    """The checkpoint's state for training on `device`: the weights there, everything else (RNG states, which torch
-    and NumPy read only on the CPU; optimizer state, which the optimizer moves itself) on the CPU. None when there
-    is no checkpoint (or it vanished: another run of this task in the same folder finished and removed it between
-    our look and our read)."""
-    if ckpt is None or not ckpt.exists():
-        return None
-    try:
-        state = load_checkpoint(ckpt, map_location="cpu")
-    except CheckpointError:
-        if ckpt.exists():
-            raise
-        return None
-    if isinstance(state.get("model"), dict):
-        state["model"] = {k: v.to(device) for k, v in state["model"].items()}
-    return state
-
-
-def _raise_if_diverged(first_bad: torch.Tensor, name: str, ckpt: Path | None) -> None:
-    bad = int(distributed.all_reduce_max(first_bad.clone()))
-    if bad >= 0:
-        where = f"the last good checkpoint is {ckpt}" if ckpt is not None and ckpt.exists() else \
-            "no good checkpoint was written"
-        raise TrainingDiverged(f"{name}: loss became NaN/inf at optimizer step {bad + 1}; {where}. "
-                               "Lower the learning rate, enable grad_clip, or check the data.")

@@ -65,16 +65,23 @@ class PruningSink:
         study = optuna.load_study(study_name=self.spec["study"], storage=storage,
                                   pruner=make_pruner(self.spec.get("pruner")))
         self.trial = optuna.trial.Trial(study, int(self.spec["trial_id"]))
+        self.reported: set[int] = set()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self.inner is not None:
             self.inner.log_metrics(metrics, step=step)
         if step is None or self.metric not in metrics:
             return
+        # reported by epoch (trials of other batch sizes align), the first validation of each: with validations
+        # within an epoch, the later ones of that epoch are the tracker's alone
+        epoch = int(metrics.get("epoch", step))
+        if epoch in self.reported:
+            return
+        self.reported.add(epoch)
         value = float(metrics[self.metric])
-        self.trial.report(value, step)
+        self.trial.report(value, epoch)
         if self.trial.should_prune():
-            self.prune(step, value)
+            self.prune(epoch, value)
 
     def prune(self, epoch: int, value: float) -> None:
         if self.checkpoint is not None:
