@@ -88,7 +88,9 @@ def test_one_mlflow_run_for_two_processes(runs):
     assert run.info.status == "FINISHED" and run.data.tags["stage"] == "train_text"
     assert run.data.params["world_size"] == "2" and run.data.params["base.distributed.nproc_per_node"] == "2"
     assert json.loads((root / "reports/text/run.json").read_text())["mlflow_run_id"] == run.info.run_id
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
+    epochs = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch")]
+    assert [value for _, value in epochs] == [1, 2]  # one validation an epoch, at the optimizer step of its end
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [s for s, _ in epochs]
     versions = client.search_model_versions("name='trainlab-text'")
     assert [v.run_id for v in versions] == [run.info.run_id]
     # the 1-process run logged the same way: world size 1, same metric keys

@@ -40,7 +40,9 @@ def test_training_stage_logs_to_a_remote_tracking_server(mlflow_server, prepared
     assert run.data.params["world_size"] == "1"
     assert run.data.tags["stage"] == "train_classifier" and run.data.tags["params_hash"]
     assert {"test_accuracy", "test_loss", "train_loss", "val_accuracy", "samples_per_s"} <= set(run.data.metrics)
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1]
+    (epoch,) = client.get_metric_history(run.info.run_id, "epoch")  # MLflow's step: the optimizer step
+    assert epoch.value == 1 and [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == \
+        [epoch.step]
     # artifacts: listed and downloaded through the server, stored under its --artifacts-destination
     listed = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"environment.json", "history.csv", "model_files"} <= listed, listed

@@ -25,7 +25,7 @@ from trainlab.engine.contract import Trainable
 from trainlab.engine.evaluation import evaluate, scalars  # noqa: F401 - evaluate re-exported
 from trainlab.engine.precise_bn import PRECISE_BN_BATCHES, recompute_batchnorm, wanted
 from trainlab.engine.progress import Progress
-from trainlab.engine.resume import Checkpoints, raise_if_diverged, resume
+from trainlab.engine.resume import Checkpoints, FitState, raise_if_diverged, resume
 from trainlab.engine.step import TrainStep, graphs_plan, to_device_layout
 from trainlab.engine.stopping import Stopping
 from trainlab.engine.trail import Trail
@@ -108,20 +108,6 @@ class FitHooks:
     stop_after_epochs: int | None = None
 
 
-@dataclass
-class FitState:
-    """Where training is: what a checkpoint keeps besides the weights and the optimizer."""
-
-    epoch: int = 0
-    step_in_epoch: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    train_time: float = 0.0
-    trail: Trail | None = None
-    total_updates: int = 0  # where training ends: the plan's, or the end of the plateau schedule's cooldown
-    stopping: Stopping | None = None  # the plateau schedule's watch of the validation metric
-    window_s: float = 0.0  # seconds trained since the last validation
-
-
 @dataclass(frozen=True)
 class EpochPlan:
     """Micro-batches and optimizer steps an epoch and in all."""
@@ -163,8 +149,9 @@ def fit(trainable: Trainable, train: Batch, val: Batch, cfg: TrainParams, runtim
                         val_count=num_samples(val)) if cfg.schedule == "plateau" else None
     state = FitState(trail=Trail(step, {**(options.run_fingerprint or {}), "cuda_graphs": str(graphs)}),
                      total_updates=plan.total_updates, stopping=stopping)
-    resumed_from = resume(options, trainable.name, model, step, state, runtime.device)
-    saver = Checkpoints(options, trainable.name, model, step, state)
+    resumed_from = resume(options.checkpoint_path, options.fingerprint, trainable.name, model, step, state,
+                          runtime.device)
+    saver = Checkpoints(options.checkpoint_path, options.fingerprint, trainable.name, model, step, state)
     precise_bn = wanted(cfg.precise_bn, model, plan.updates_per_epoch, ctx.enabled)
     ends = stopping.earliest_end(step.updates, every, plan.total_updates) if stopping else 0
     progress = Progress(ends or state.total_updates, f"train {trainable.name}", step.updates, enabled=ctx.is_main)

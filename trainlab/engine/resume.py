@@ -1,10 +1,10 @@
-"""Fit's full training state on disk: written at epoch ends and on request, resumed when its fingerprint matches, and
-never written once the loss has diverged."""
+"""Where fit is (FitState) and its full state on disk: written at epoch ends and on request, resumed when its
+fingerprint matches, never written once the loss has diverged."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -13,18 +13,32 @@ from trainlab.core import distributed
 from trainlab.core.errors import CheckpointError, TrainingDiverged
 from trainlab.engine.checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from trainlab.engine.step import TrainStep
+from trainlab.engine.stopping import Stopping
+from trainlab.engine.trail import Trail
 
-if TYPE_CHECKING:
-    from trainlab.engine.loop import FitOptions, FitState
+
+@dataclass
+class FitState:
+    """Where training is: what a checkpoint keeps besides the weights and the optimizer."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_time: float = 0.0
+    trail: Trail | None = None
+    total_updates: int = 0  # where training ends: the plan's, or the end of the plateau schedule's cooldown
+    stopping: Stopping | None = None  # the plateau schedule's watch of the validation metric
+    window_s: float = 0.0  # seconds trained since the last validation
 
 
 class Checkpoints:
-    """Saves the full training state to `options.checkpoint_path` (rank 0 writes, the others wait); nothing without
-    a path. A diverged step is refused before anything is written, so the last checkpoint stays a good one."""
+    """Saves the full training state to `path` with its `fingerprint` (rank 0 writes, the others wait); nothing
+    without a path. A diverged step is refused before anything is written, so the last checkpoint stays a good one."""
 
-    def __init__(self, options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState):
-        self.path = Path(options.checkpoint_path) if options.checkpoint_path else None
-        self.fingerprint, self.name, self.model, self.step, self.state = options.fingerprint, name, model, step, state
+    def __init__(self, path: Path | None, fingerprint: str, name: str, model: nn.Module, step: TrainStep,
+                 state: FitState):
+        self.path = Path(path) if path else None
+        self.fingerprint, self.name, self.model, self.step, self.state = fingerprint, name, model, step, state
 
     def save(self) -> None:
         if self.path is None:
@@ -41,15 +55,15 @@ class Checkpoints:
         distributed.barrier()
 
 
-def resume(options: FitOptions, name: str, model: nn.Module, step: TrainStep, state: FitState,
+def resume(path: Path | None, fingerprint: str, name: str, model: nn.Module, step: TrainStep, state: FitState,
            device: torch.device) -> int:
-    """Load the checkpoint at `options.checkpoint_path` into model, step and state when its fingerprint matches;
-    the optimizer step it resumed from (0: none)."""
-    ckpt = Path(options.checkpoint_path) if options.checkpoint_path else None
+    """Load the checkpoint at `path` into model, step and state when its fingerprint matches; the optimizer step it
+    resumed from (0: none)."""
+    ckpt = Path(path) if path else None
     saved = resume_state(ckpt, device)
     if saved is None:
         return 0
-    if saved.get("fingerprint") != options.fingerprint:
+    if saved.get("fingerprint") != fingerprint:
         print(f"{name}: ignoring checkpoint {ckpt} from other params or data", flush=True)
         return 0
     # same params and data, but the model code may have changed since: a clear error, not a traceback
