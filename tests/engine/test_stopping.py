@@ -146,6 +146,9 @@ def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_caden
     assert cfg.validate_every == 54 and "validate_every" not in choices  # every epoch
     cfg, choices = resolve_training("classifier", ClassifierParams(epochs=1, schedule="cosine"), PHOTOS, 80)
     assert (cfg.epochs, cfg.schedule, cfg.validate_every) == (1, "cosine", 1) and "epochs" not in choices
+    # a cadence shorter than an epoch, set by the user, is kept, and the stop line says what patience then means
+    cfg, choices = resolve_training("classifier", ClassifierParams(validate_every=211, batch_size=64), digits, 54000)
+    assert cfg.validate_every == 211 and "3 validations are 0.75 epochs; raise patience" in choices["epochs"]["why"]
 
 
 def test_an_improvement_within_the_validation_metrics_noise_does_not_count():

@@ -232,9 +232,13 @@ def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, A
         if lower < (cfg.min_steps or 0):
             choices["min_steps"] = choice(lower, f"{name}.min_steps {cfg.min_steps:,} would be more than "
                                           f"{LOWER_EPOCHS} epochs of {per_epoch:,} steps")
+        within = cfg.validate_every != AUTO and cfg.validate_every < per_epoch
         choices["epochs"] = choice(f"auto, at most {epochs}", (
-            f"until val_<primary metric> has not improved by more than its noise for {cfg.patience} validations, "
-            f"then a cooldown; at least {lower:,} steps, at most {epochs:,} epochs of {per_epoch:,} steps"))
+            f"until val_<primary metric> has not improved by more than its noise for {cfg.patience} validations"
+            + (f" (validate_every {cfg.validate_every:,}: {cfg.patience} validations are "
+               f"{cfg.patience * cfg.validate_every / per_epoch:.2g} epochs; raise patience to wait longer)"
+               if within else "")
+            + f", then a cooldown; at least {lower:,} steps, at most {epochs:,} epochs of {per_epoch:,} steps"))
     budget = updates["min_steps"] if cfg.epochs == AUTO else cfg.epochs * per_epoch
     if cfg.validate_every == AUTO:
         every = max(1, round(budget / TARGET_VALIDATIONS / per_epoch)) * per_epoch
