@@ -41,12 +41,19 @@ def study(tmp_path):
     return created, url, pruner
 
 
-def test_a_trial_behind_the_median_is_pruned_exit_9_checkpoint_removed(study, tmp_path, monkeypatch):
+def start_trial(study, monkeypatch):
+    """A new trial of `study`, named to the training stage as pipelines.search names it ($TRAINLAB_TRIAL)."""
     created, url, pruner = study
     trial = created.ask()
     spec = {"storage": url, "study": "s", "trial_id": trial._trial_id, "number": trial.number, "task": "classifier",
             "metric": "val_accuracy", "pruner": pruner}
     monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
+    return trial
+
+
+def test_a_trial_behind_the_median_is_pruned_exit_9_checkpoint_removed(study, tmp_path, monkeypatch):
+    created = study[0]
+    trial = start_trial(study, monkeypatch)
     checkpoint = tmp_path / "last.pt"
     checkpoint.write_bytes(b"state")
     inner = Recorder()
@@ -64,23 +71,16 @@ def test_a_trial_behind_the_median_is_pruned_exit_9_checkpoint_removed(study, tm
     assert created._storage.get_trial(trial._trial_id).intermediate_values == {1: 0.92, 2: 0.91}
 
 
-
-def test_validations_within_an_epoch_report_the_epochs_first_to_the_trial(study, tmp_path, monkeypatch):
-    created, url, pruner = study
-    trial = created.ask()
-    spec = {"storage": url, "study": "s", "trial_id": trial._trial_id, "number": trial.number, "task": "classifier",
-            "metric": "val_accuracy", "pruner": pruner}
-    monkeypatch.setenv(TRIAL_ENV, json.dumps(spec))
+def test_validations_within_an_epoch_report_the_epochs_first_to_the_trial(study, monkeypatch):
+    trial = start_trial(study, monkeypatch)
     inner = Recorder()
     sink = trial_sink(inner, "classifier", None)
     sink.log_metrics({"epoch": 1, "val_accuracy": 0.92}, step=40)
     sink.log_metrics({"epoch": 1, "val_accuracy": 0.50}, step=80)  # the same epoch again: the tracker's alone
     sink.log_metrics({"epoch": 2, "val_accuracy": 0.94}, step=120)
     assert [step for step, _ in inner.metrics] == [40, 80, 120]
-    import optuna
+    assert study[0]._storage.get_trial(trial._trial_id).intermediate_values == {1: 0.92, 2: 0.94}
 
-    reported = optuna.load_study(study_name="s", storage=url).trials[trial.number].intermediate_values
-    assert reported == {1: 0.92, 2: 0.94}
 
 def test_another_task_or_no_trial_leaves_the_tracker_alone(study, monkeypatch):
     created, url, pruner = study

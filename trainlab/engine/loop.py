@@ -83,8 +83,8 @@ class FitOptions:
     max_device_mb: int = 2048  # a split up to this size lives on the device, a larger one is streamed
     num_workers: int = 2  # DataLoader workers for a streamed split
     eval_batch_size: int = 256
-    checkpoint_path: Path | None = None  # the full state is saved here at each epoch end (and every
-    fingerprint: str = ""  # cfg.checkpoint_every_steps); a checkpoint there is resumed only when this matches
+    checkpoint_path: Path | None = None  # the full state is saved here at the end of each epoch that validated,
+    fingerprint: str = ""  # at the end, every cfg.checkpoint_every_steps; resumed only when this fingerprint matches
     sync_batchnorm: bool = False
     cuda_graphs: bool | str = "auto"  # capture the step as a CUDA graph where the device and settings allow
     run_fingerprint: Mapping[str, str] | None = None  # kept with the trail (trainlab.core.fingerprint)
