@@ -143,9 +143,21 @@ def test_missing_data_is_could_not_rerun(trained, tmp_path):
     run = record(root)
     run["rerun"]["data_dir"] = str(tmp_path / "gone")
     (root / "reports" / "classifier" / "run.json").write_text(json.dumps(run))
-    proc = verify(root, "models/classifier")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = verify(root, "models/classifier", TMPDIR=str(scratch))
     assert proc.returncode == 11, proc.stdout + proc.stderr
     assert f"{tmp_path / 'gone'}: the run's prepared data folder is missing here" in proc.stderr
+    assert not list(scratch.iterdir()), "an empty workspace was left behind"
+
+
+def test_a_target_that_is_no_run_is_a_clear_error_and_leaves_no_workspace(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = verify(tmp_path, "models/nothing-here", TMPDIR=str(scratch))
+    assert proc.returncode not in (0, 10) and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "models/nothing-here" in proc.stderr, proc.stderr
+    assert not list(scratch.iterdir())
 
 
 

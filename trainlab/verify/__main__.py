@@ -35,6 +35,7 @@ def main(argv: list[str]) -> None:
     args = parse(argv)
     root = args.root.resolve()
     workspace = Path(tempfile.mkdtemp(prefix="trainlab-verify-"))
+    keep = args.keep
     try:
         if args.lock:
             from trainlab.verify.lock import verify_lock
@@ -43,12 +44,15 @@ def main(argv: list[str]) -> None:
         else:
             code = verify_run(args.target, root, workspace, args.epochs or None, args.bisect)
     except CouldNotRerun:
-        print(f"verify: the workspace is kept for a look: {workspace}", file=sys.stderr)
+        keep = keep or any(workspace.iterdir())  # an empty one (the record could not be read) shows nothing
+        if keep:
+            print(f"verify: the workspace is kept for a look: {workspace}", file=sys.stderr)
         raise
+    finally:  # any other error (a missing target, an interrupt) leaves nothing behind either
+        if not keep:
+            shutil.rmtree(workspace, ignore_errors=True)
     if args.keep:
         print(f"verify: workspace kept: {workspace}")
-    else:
-        shutil.rmtree(workspace, ignore_errors=True)
     sys.stdout.flush()
     sys.exit(code)
 
