@@ -102,7 +102,7 @@ BY_TEST: dict[str, tuple[str, ...]] = {
     "python -m trainlab.verify models/classifier --bisect": (
         "tests/test_verify.py::test_an_injected_nondeterminism_is_found_at_its_epoch_and_with_bisect_at_its_step",),
     "python -m trainlab.verify --lock": (
-        "tests/test_verify.py::test_lock_compares_a_fresh_repro_with_the_committed_dvc_lock",),
+        "tests/pipelines/test_reproducible.py::test_verify_lock_finds_every_output_but_the_profiles_identical_to_the_committed_dvc_lock",),
     "python -m benchmarks --only trail": (
         "tests/test_benchmarks.py::test_the_trail_part_times_the_verify_trail_against_training",),
     "python -m benchmarks --quick --only classifier,mfu": (

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.processes import run_env
 from tests.pipelines.conftest import BIN, GIT_IDENTITY, commit_all, git
 from trainlab.tracking.lineage import file_md5
 
@@ -87,6 +88,24 @@ def test_a_fresh_clone_reproduces_every_tracked_file_but_the_profile(committed, 
     # DVC deleted each stage's committed reports before running it: no run counts that as uncommitted code
     dirty = {name: flag for name, flag in run_states(fresh).items() if flag != "false"}
     assert len(run_states(fresh)) >= len(RESTORABLE) and not dirty, dirty
+
+
+def test_verify_lock_finds_every_output_but_the_profiles_identical_to_the_committed_dvc_lock(committed):
+    """`python -m trainlab.verify --lock` reproduces the pipeline in a copy of the repo (without the venv on PATH: its
+    stages still run in the venv) and compares each output with the committed dvc.lock."""
+    env = run_env(PATH="/usr/bin:/bin")
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the threads the flow's stages ran with (one under xdist)
+        env.pop(key) if key not in os.environ else env.update({key: os.environ[key]})
+    proc = subprocess.run([str(BIN / "python"), "-m", "trainlab.verify", "--lock"], cwd=committed, capture_output=True,
+                          text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    verdicts = {(cells[0], cells[1]): " ".join(cells[2:]) for cells in lines}
+    assert verdicts[("train_classifier", "models/classifier")] == "identical"
+    assert verdicts[("evaluate", "reports/evaluate/metrics.json")] == "identical"
+    assert verdicts[("profile", "reports/profile/measurements.json")].startswith("timing-only")
+    assert "0 differ unexpectedly" in proc.stdout
+    assert changed_files(committed) == []  # the copy's run left the repo as it was
 
 
 def test_the_run_cache_restores_every_stage_but_profile_without_running_it(committed, tmp_path):

@@ -55,11 +55,16 @@ def copy_repo(root: Path, dst: Path) -> None:
 
 
 def dir_manifest_md5(root: Path, dir_md5: str, name: str) -> str | None:
-    """The md5 of `name` inside a DVC-cached folder whose hash is `dir_md5` (from the .dir manifest in root's cache)."""
+    """The md5 of `name` inside a DVC-cached folder whose hash is `dir_md5` (from the .dir manifest in root's cache);
+    None where root's cache does not hold that manifest."""
     manifest = root / ".dvc" / "cache" / "files" / "md5" / dir_md5[:2] / dir_md5[2:]
-    if not manifest.is_file():
+    if not dir_md5.endswith(".dir") or not manifest.is_file():
         return None
-    return next((e["md5"] for e in json.loads(manifest.read_text()) if e.get("relpath") == name), None)
+    try:
+        entries = json.loads(manifest.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return next((e.get("md5") for e in entries if isinstance(e, dict) and e.get("relpath") == name), None)
 
 
 def recorded_fingerprint(root: Path, task: str, dir_md5: str) -> dict[str, str] | None:
@@ -101,7 +106,9 @@ def verify_lock(root: Path, workspace: Path) -> int:
     rows, machine = [], {}
     for stage, path in sorted(set(theirs) | set(ours), key=lambda k: list(fresh.get("stages", {})).index(k[0])
                               if k[0] in fresh.get("stages", {}) else 1 << 30):
-        verdict = lock_verdict(root, repo, stage, path, theirs.get((stage, path)), ours.get((stage, path)), machine)
+        model = theirs.get((stage, f"models/{stage.removeprefix('train_')}"))  # the trained model's folder
+        verdict = lock_verdict(root, repo, stage, path, theirs.get((stage, path)), ours.get((stage, path)), machine,
+                               model)
         rows.append((stage, path, verdict))
         print(f"  {stage:<18} {path:<48} {verdict}")
     unexpected = sum(v.startswith("differs unexpectedly") for _, _, v in rows)
@@ -112,8 +119,10 @@ def verify_lock(root: Path, workspace: Path) -> int:
 
 
 def lock_verdict(root: Path, repo: Path, stage: str, path: str, theirs: str | None, ours: str | None,
-                 machine: dict[str, list[str]]) -> str:
-    """One output's verdict; `machine` collects the training stages' machine differences for the stages after."""
+                 machine: dict[str, list[str]], model_md5: str | None = None) -> str:
+    """One output's verdict; `machine` collects the training stages' machine differences for the stages after.
+    `model_md5`: the committed hash of a training stage's model folder, whose run's fingerprint explains every
+    output of that stage (its weights, history and metrics alike)."""
     if theirs == ours:
         return "identical"
     if stage in TIMING_STAGES:
@@ -122,7 +131,7 @@ def lock_verdict(root: Path, repo: Path, stage: str, path: str, theirs: str | No
         return f"differs unexpectedly ({'not in the committed' if theirs is None else 'not in the fresh'} dvc.lock)"
     if stage.startswith("train_"):
         task = stage.removeprefix("train_")
-        recorded = recorded_fingerprint(root, task, theirs)
+        recorded = recorded_fingerprint(root, task, model_md5 or theirs)
         here_record = repo / "reports" / task / "run.json"
         here = json.loads(here_record.read_text()).get("fingerprint", {}) if here_record.is_file() else {}
         if recorded is None:
