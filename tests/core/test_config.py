@@ -50,6 +50,22 @@ def test_wrong_type_and_out_of_range_and_bad_choice(tmp_path):
     assert "base.precision" in msg and "'fp32'" in msg and "'bf16'" in msg
 
 
+def test_true_or_false_for_a_number_is_an_error_not_a_1_or_0(tmp_path):
+    """YAML's yes/no read as 1/0 would train on batches of one or validate every step; a key that takes true or false
+    (possibly beside auto) still takes it."""
+    path = write(tmp_path, "classifier:\n  batch_size: true\n  validate_every: yes\n  lr: false\n  cutmix: true\n"
+                           "  precise_bn: false\nbase:\n  deterministic: false\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    msg = str(err.value)
+    assert "3 problems" in msg, msg
+    for key, line in (("batch_size", 2), ("validate_every", 3), ("lr", 4)):
+        assert f"classifier.{key} ({path}:{line}): got" in msg and "true/false is not a number" in msg, msg
+    allowed = write(tmp_path, "classifier:\n  cutmix: true\n  precise_bn: false\nbase:\n  deterministic: false\n")
+    params = load_params(allowed)
+    assert (params.classifier.cutmix, params.classifier.precise_bn, params.base.deterministic) == (True, False, False)
+
+
 def test_invalid_cron_and_timezone(tmp_path):
     path = write(tmp_path, "schedule:\n  cron: '61 * * * *'\n  timezone: Mars/Base\n")
     with pytest.raises(ParamsError) as err:
