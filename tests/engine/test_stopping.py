@@ -149,6 +149,10 @@ def test_epochs_auto_resolves_to_a_ceiling_with_the_plateau_schedule_and_a_caden
     # a cadence shorter than an epoch, set by the user, is kept, and the stop line says what patience then means
     cfg, choices = resolve_training("classifier", ClassifierParams(validate_every=211, batch_size=64), digits, 54000)
     assert cfg.validate_every == 211 and "3 validations are 0.75 epochs; raise patience" in choices["epochs"]["why"]
+    # so sparse a cadence that the ceiling (100 epochs of 843 steps) comes before patience could be used up
+    cfg, choices = resolve_training("classifier", ClassifierParams(validate_every=30000, batch_size=64), digits, 54000)
+    assert "2 validations before the ceiling's 84,300 steps" in choices["epochs"]["why"]
+    assert "trains to the ceiling" in choices["epochs"]["why"]
 
 
 def test_an_improvement_within_the_validation_metrics_noise_does_not_count():

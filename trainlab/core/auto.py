@@ -232,12 +232,9 @@ def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, A
         if lower < (cfg.min_steps or 0):
             choices["min_steps"] = choice(lower, f"{name}.min_steps {cfg.min_steps:,} would be more than "
                                           f"{LOWER_EPOCHS} epochs of {per_epoch:,} steps")
-        within = cfg.validate_every != AUTO and cfg.validate_every < per_epoch
         choices["epochs"] = choice(f"auto, at most {epochs}", (
             f"until val_<primary metric> has not improved by more than its noise for {cfg.patience} validations"
-            + (f" (validate_every {cfg.validate_every:,}: {cfg.patience} validations are "
-               f"{cfg.patience * cfg.validate_every / per_epoch:.2g} epochs; raise patience to wait longer)"
-               if within else "")
+            + cadence_note(cfg.validate_every, cfg.patience, per_epoch, epochs * per_epoch)
             + f", then a cooldown; at least {lower:,} steps, at most {epochs:,} epochs of {per_epoch:,} steps"))
     budget = updates["min_steps"] if cfg.epochs == AUTO else cfg.epochs * per_epoch
     if cfg.validate_every == AUTO:
@@ -247,6 +244,22 @@ def epochs_and_cadence(name: str, cfg: Any, per_epoch: int) -> tuple[dict[str, A
             choices["validate_every"] = choice(every, f"every {every // per_epoch:,} epochs of {per_epoch:,} steps: "
                                                f"about {TARGET_VALIDATIONS} validations in {budget:,} steps")
     return updates, choices
+
+
+def cadence_note(every: Any, patience: int, per_epoch: int, ceiling: int) -> str:
+    """What a validate_every the user wrote means for epochs auto's patience: within an epoch, patience spans less
+    than an epoch; so sparse that the ceiling comes first, the plateau is never seen."""
+    if every == AUTO:
+        return ""
+    before = (ceiling - 1) // every  # the validation at the ceiling itself ends the run
+    if before <= patience:
+        return (f" (validate_every {every:,}: {before:,} validations before the ceiling's {ceiling:,} steps, too few "
+                f"for a best and {patience} more without progress: this run trains to the ceiling; lower "
+                "validate_every)")
+    if every < per_epoch:
+        return (f" (validate_every {every:,}: {patience} validations are {patience * every / per_epoch:.2g} "
+                "epochs; raise patience to wait longer)")
+    return ""
 
 
 def resolve_training(name: str, cfg: Any, meta: dict, train_count: int) -> tuple[Any, dict[str, Choice]]:
