@@ -61,6 +61,11 @@ def test_true_or_false_for_a_number_is_an_error_not_a_1_or_0(tmp_path):
     assert "3 problems" in msg, msg
     for key, line in (("batch_size", 2), ("validate_every", 3), ("lr", 4)):
         assert f"classifier.{key} ({path}:{line}): got" in msg and "true/false is not a number" in msg, msg
+    listed = write(tmp_path, "text:\n  char_ngrams: [true, 5]\n  weight_decay: [0.1, false]\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(listed)
+    assert "2 problems" in str(err.value) and "text.char_ngrams" in str(err.value), str(err.value)
+    assert "text.weight_decay" in str(err.value) and "true/false is not a number" in str(err.value)
     allowed = write(tmp_path, "classifier:\n  cutmix: true\n  precise_bn: false\nbase:\n  deterministic: false\n")
     params = load_params(allowed)
     assert (params.classifier.cutmix, params.classifier.precise_bn, params.base.deterministic) == (True, False, False)
